@@ -1,0 +1,1 @@
+"""astrai: CUDA kernels for LLM inference and training in PyTorch."""

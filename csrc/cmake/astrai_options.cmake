@@ -1,0 +1,51 @@
+# Build knobs: CMake variable first, then the environment, then the default.
+macro(astrai_option name default)
+  if(NOT DEFINED ${name})
+    if(DEFINED ENV{${name}})
+      set(${name} "$ENV{${name}}")
+    else()
+      set(${name} "${default}")
+    endif()
+  endif()
+  # Accept "80,90a" and "80 90a" as well as the CMake list "80;90a".
+  string(REGEX REPLACE "[ ,]+" ";" ${name} "${${name}}")
+  list(REMOVE_ITEM ${name} "")
+endmacro()
+
+astrai_option(ASTRAI_CUDA_ARCH "80;89;90a;120a")
+astrai_option(ASTRAI_CUDA_PTX "80")
+astrai_option(ASTRAI_IMAGE_NAME "")
+astrai_option(ASTRAI_CCACHE "ON")
+astrai_option(ASTRAI_BUILD_TESTS "ON")
+message(STATUS "astrai: SASS arches [${ASTRAI_CUDA_ARCH}], PTX arches [${ASTRAI_CUDA_PTX}]")
+
+foreach(_a IN LISTS ASTRAI_CUDA_ARCH ASTRAI_CUDA_PTX)
+  if(NOT _a MATCHES "^[0-9]+[af]?$")
+    message(FATAL_ERROR "astrai: arch '${_a}' is not of the form 80, 90a or 100f (ASTRAI_CUDA_ARCH / ASTRAI_CUDA_PTX)")
+  endif()
+endforeach()
+
+if(ASTRAI_CCACHE)
+  find_program(ASTRAI_CCACHE_PROGRAM ccache)
+  if(ASTRAI_CCACHE_PROGRAM)
+    message(STATUS "astrai: compiler cache ${ASTRAI_CCACHE_PROGRAM}")
+    set(CMAKE_CXX_COMPILER_LAUNCHER "${ASTRAI_CCACHE_PROGRAM}")
+    set(CMAKE_CUDA_COMPILER_LAUNCHER "${ASTRAI_CCACHE_PROGRAM}")
+  endif()
+endif()
+
+find_package(Git QUIET)
+set(ASTRAI_GIT_REVISION "unknown")
+if(GIT_FOUND)
+  execute_process(COMMAND "${GIT_EXECUTABLE}" rev-parse --short=12 HEAD
+    WORKING_DIRECTORY "${CMAKE_SOURCE_DIR}" OUTPUT_VARIABLE _rev
+    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _rc)
+  if(_rc EQUAL 0 AND _rev)
+    execute_process(COMMAND "${GIT_EXECUTABLE}" status --porcelain --untracked-files=no
+      WORKING_DIRECTORY "${CMAKE_SOURCE_DIR}" OUTPUT_VARIABLE _dirty ERROR_QUIET)
+    set(ASTRAI_GIT_REVISION "${_rev}")
+    if(_dirty)
+      set(ASTRAI_GIT_REVISION "${_rev}-dirty")
+    endif()
+  endif()
+endif()
