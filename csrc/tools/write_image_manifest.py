@@ -120,7 +120,7 @@ def main() -> None:
         f.write("\n")
     for family, lib in libraries.items():
         print(f"astrai image {args.image}: {lib['file']} {lib['size']} bytes, "
-              f"SASS {' '.join(lib['sass'])}, PTX {' '.join(lib['ptx']) or '-'}")
+              f"SASS {' '.join(lib['sass']) or '-'}, PTX {' '.join(lib['ptx']) or '-'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+// Host-side helpers for the standalone .cu tests: CUDA checks, bf16 bits, device buffers, seeded inputs, tables.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+namespace astrai_test {
+
+#define TEST_CUDA_CHECK(expr)                                                                         \
+  do {                                                                                                \
+    const cudaError_t test_status_ = (expr);                                                          \
+    if (test_status_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(test_status_),      \
+                   cudaGetErrorString(test_status_), __FILE__, __LINE__, #expr);                      \
+      std::exit(2);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+// ---- bf16 on the host ---------------------------------------------------------------------------
+
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, like cvt.rn.bf16.f32.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// Spacing of bf16 values (8 significant bits) at magnitude |x|; subnormal spacing below the normal range.
+inline double bf16_ulp(double x) {
+  x = std::fabs(x);
+  if (x < std::ldexp(1.0, -126)) return std::ldexp(1.0, -133);
+  int e = 0;
+  std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
+  return std::ldexp(1.0, e - 8);
+}
+
+// ---- inputs ---------------------------------------------------------------------------------------
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(gen_); }
+  int64_t integer(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen_); }
+  // Random bf16 in [-4, 4], never zero or tiny: a dropped or zeroed element must show.
+  uint16_t nonzero_bf16() {
+    for (;;) {
+      const double v = uniform(-4.0, 4.0);
+      if (std::fabs(v) >= 1.0 / 64) return float_to_bf16(float(v));
+    }
+  }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+// ---- device memory --------------------------------------------------------------------------------
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count_ > 0) TEST_CUDA_CHECK(cudaMalloc(&ptr_, count_ * sizeof(T)));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), count_(o.count_) { o.ptr_ = nullptr; o.count_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(count_, o.count_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+  void upload(const std::vector<T>& host) {
+    if (count_ > 0) TEST_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void download(std::vector<T>& host) const {
+    host.resize(count_);
+    if (count_ > 0) TEST_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// ---- results --------------------------------------------------------------------------------------
+
+struct ErrorStats {
+  double max_abs = 0.0;      // max |got - ref| over finite expectations
+  double max_ulp = 0.0;      // max |got - ref| / bf16_ulp(ref)
+  double max_tol_ratio = 0;  // max |got - ref| / tolerance; <= 1 passes
+  int64_t checked = 0;       // elements compared
+  int64_t failures = 0;      // elements out of tolerance, unwritten, or written where they must not be
+  std::string first_failure; // description of the first failure
+  void fail(const std::string& what) {
+    if (failures++ == 0) first_failure = what;
+  }
+};
+
+inline void print_table_header() {
+  std::printf("%-4s %-62s %11s %8s %8s %10s  %s\n", "#", "case", "max_abs", "max_ulp", "err/tol", "checked",
+              "result");
+}
+
+inline void print_table_row(int index, const std::string& name, const ErrorStats& s) {
+  std::printf("%-4d %-62s %11.3e %8.3f %8.3f %10lld  %s\n", index, name.c_str(), s.max_abs, s.max_ulp,
+              s.max_tol_ratio, static_cast<long long>(s.checked), s.failures == 0 ? "PASS" : "FAIL");
+  if (s.failures > 0) {
+    std::printf("     %lld failures; first: %s\n", static_cast<long long>(s.failures), s.first_failure.c_str());
+  }
+}
+
+}  // namespace astrai_test
