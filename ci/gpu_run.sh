@@ -32,7 +32,7 @@ test_bins=$(ls build/*/tests/*_test 2>/dev/null)
 for tier in "${tiers[@]}"; do
   case $tier in
     info)
-      run_tier info bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; $PY -m astrai.extension info && $PY -m astrai.extension info --json > '$OUT/info.json'" ;;
+      run_tier info bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv; $PY -m astrai.extension info && $PY -m astrai.extension info --json > '$OUT/info.json' && $PY -m astrai.extension verify" ;;
     cu-tests)
       if [ -z "$test_bins" ]; then status[cu-tests]="skip(no binaries)"; continue; fi
       run_tier cu-tests bash -c "rc=0; for t in $test_bins; do echo \"## \$t\"; \$t || rc=1; done; exit \$rc" ;;
