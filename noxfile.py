@@ -90,12 +90,35 @@ def _extract_images(wheel: str) -> list[str]:
     return images
 
 
+def _build_ptx_test_images(session: nox.Session, arches: list[str]) -> None:
+    """Test-only PTX images (ptx80, ptx89) in the tree, never in the wheel.
+
+    On a newer GPU, `ASTRAI_IMAGE=ptx80` JIT-compiles the compute_80 PTX, so the sm_80 code paths run on
+    an H200 (DESIGN.md, test tiers).
+    """
+    for arch in arches:
+        bdir = os.path.join(ROOT, "build", f"ptx{arch}")
+        session.run(
+            "cmake", "-S", ROOT, "-B", bdir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            "-DASTRAI_CUDA_ARCH=", f"-DASTRAI_CUDA_PTX={arch}", f"-DASTRAI_IMAGE_NAME=ptx{arch}",
+            "-DASTRAI_BUILD_TESTS=OFF", f"-DCMAKE_INSTALL_PREFIX={ROOT}",
+            f"-DPython_EXECUTABLE={session.virtualenv.bin}/python", "--log-level=WARNING",
+            env={"CCACHE_DIR": os.environ.get("CCACHE_DIR", os.path.join(ROOT, ".ccache"))})
+        session.run("cmake", "--build", bdir)
+        session.run("cmake", "--install", bdir)
+
+
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build the images for ASTRAI_CUDA_ARCH (default 80;89;90a;120a + compute_80 PTX) and the wheel."""
+    """Build the images for ASTRAI_CUDA_ARCH (default 80;89;90a;120a + compute_80 PTX) and the wheel.
+
+    `nox -s build -- ptx-images` also builds the test-only images ptx80 and ptx89 into the tree.
+    """
     _install_torch(session)
     session.install(*BUILD_DEPS)
     _build(session)
+    if "ptx-images" in session.posargs:
+        _build_ptx_test_images(session, ["80", "89"])
 
 
 @nox.session

@@ -4,7 +4,7 @@
 #
 # Needs: a CUDA torch >= 2.10 in `python3`, the image in astrai/extension/lib/ (nox -s build), and for
 # tier 2 the standalone test binaries (build/<wheel tag>/tests/, made by the same build).
-# Usage: ci/gpu_run.sh [tiers...]   tiers: info cu-tests sanitize test-gpu test-gpu-ptx80 bench (default: all)
+# Usage: ci/gpu_run.sh [tiers...]   tiers: info cu-tests sanitize test-gpu test-gpu-ptx80 test-gpu-ptx89 bench (default: all)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -13,7 +13,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(info cu-tests sanitize test-gpu test-gpu-ptx80 bench)
+[ ${#tiers[@]} -gt 0 ] || tiers=(info cu-tests sanitize test-gpu test-gpu-ptx80 test-gpu-ptx89 bench)
 declare -A status seconds
 
 run_tier() {  # run_tier NAME CMD...: logs to $OUT/NAME.log, records status and time
@@ -42,11 +42,11 @@ for tier in "${tiers[@]}"; do
           echo \"## \$tool \$t\"; compute-sanitizer --tool \$tool --error-exitcode 9 \$t --small || rc=1; done; done; exit \$rc" ;;
     test-gpu)
       run_tier test-gpu $PY -m pytest tests/gpu -q -rs --junitxml="$OUT/test-gpu.xml" ;;
-    test-gpu-ptx80)
-      # The compute_80 PTX image (JIT on this GPU) runs the sm_80 code paths; built by hand for now:
-      # cmake -S . -B build/ptx80 -DASTRAI_CUDA_ARCH= -DASTRAI_CUDA_PTX=80 -DASTRAI_IMAGE_NAME=ptx80 ...
-      if [ ! -f astrai/extension/lib/ptx80/image.json ]; then status[$tier]="skip(no ptx80 image)"; continue; fi
-      run_tier test-gpu-ptx80 env ASTRAI_IMAGE=ptx80 $PY -m pytest tests/gpu -q -rs --junitxml="$OUT/test-gpu-ptx80.xml" ;;
+    test-gpu-ptx80|test-gpu-ptx89)
+      # A test-only PTX image (nox -s build -- ptx-images), JIT-compiled here: runs the sm_80 / sm_89 paths.
+      img=${tier#test-gpu-}
+      if [ ! -f astrai/extension/lib/$img/image.json ]; then status[$tier]="skip(no $img image)"; continue; fi
+      run_tier $tier env ASTRAI_IMAGE=$img $PY -m pytest tests/gpu -q -rs --junitxml="$OUT/$tier.xml" ;;
     bench)
       run_tier bench $PY tests/bench/bench_rotary.py --json "$OUT/bench_rotary.json" ;;
     *) echo "unknown tier $tier"; exit 2 ;;
