@@ -1,7 +1,9 @@
 # astrai_add_family(<name> KERNELS <.cu...> BINDING <.cpp...> [TESTS <.cu...>])
 #   astrai_<name>_kernels  object library of device code (no torch), shared with the standalone tests
 #   astrai_<name>          the stable-ABI library installed into the image
-#   <test>                 one executable per standalone .cu test (not installed)
+#   <test>                 one executable per standalone .cu test (not installed), registered with ctest
+#                          twice: `<test>` (full table) and `<test>.small` (the sanitizer's --small mode),
+#                          label `cu-test`; `ctest --test-dir <build>/csrc -L cu-test` runs them on a GPU.
 
 set(ASTRAI_GENCODE_FLAGS "")
 foreach(_a IN LISTS ASTRAI_CUDA_ARCH)
@@ -32,6 +34,11 @@ set(CMAKE_CUDA_ARCHITECTURES OFF)
 # Nothing in an image carries an RPATH: libtorch.so resolves from the process that imported torch,
 # and an untouched install keeps image.json's checksums equal to the built files.
 set(CMAKE_SKIP_RPATH ON)
+
+# ctest: the standalone tests of every family register in this directory (csrc/ of the build tree).
+if(ASTRAI_BUILD_TESTS)
+  enable_testing()
+endif()
 
 function(astrai_add_family name)
   cmake_parse_arguments(F "" "" "KERNELS;BINDING;TESTS" ${ARGN})
@@ -65,6 +72,11 @@ function(astrai_add_family name)
       target_compile_options(${_tname} PRIVATE ${ASTRAI_CUDA_FLAGS} ${ASTRAI_GENCODE_FLAGS})
       target_link_libraries(${_tname} PRIVATE CUDA::cudart_static)
       set_target_properties(${_tname} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/tests")
+      # Exit status 0 pass, 1 a case failed, 2 a CUDA error (test_utils.cuh): any non-zero fails ctest.
+      add_test(NAME ${_tname} COMMAND ${_tname})
+      add_test(NAME ${_tname}.small COMMAND ${_tname} --small)
+      set_tests_properties(${_tname} ${_tname}.small PROPERTIES LABELS "cu-test;${name}" TIMEOUT 300)
+      set_property(GLOBAL APPEND PROPERTY ASTRAI_CU_TESTS ${_tname})
     endforeach()
   endif()
 endfunction()

@@ -209,7 +209,7 @@ void check_tensor(const char* tensor, const std::vector<uint16_t>& in, const std
                   int64_t num_rows, const std::vector<float>& cos, const std::vector<float>& sin,
                   int64_t cs_offset, int64_t cos_stride, int64_t sin_stride, ErrorStats& s) {
   const int64_t half = D / 2;
-  char what[256];
+  char what[512];
   for (int64_t t = 0; t < T; ++t) {
     const int64_t row = rows[size_t(t)];
     const bool valid = row >= 0 && row < num_rows;
@@ -244,7 +244,8 @@ void check_tensor(const char* tensor, const std::vector<uint16_t>& in, const std
           const double err = std::fabs(g - ref);
           if (std::isnan(g) || !(err <= tol)) {
             std::snprintf(what, sizeof what, "%s[%" PRId64 ",%" PRId64 ",%" PRId64 "]: got %.9g (bits 0x%04x), "
-                          "reference %.9g, tolerance %.3g", tensor, t, h, i, g, bits, ref, tol);
+                          "reference %.17g, |error| %.17g > tolerance %.17g (x0 %.9g, x1 %.9g, cos %.9g, sin %.9g, "
+                          "row %" PRId64 ")", tensor, t, h, i, g, bits, ref, err, tol, x0, x1, cv, sv, row);
             s.fail(what);
             continue;
           }

@@ -1,4 +1,5 @@
-// Host-side helpers for the standalone .cu tests: CUDA checks, bf16 bits, device buffers, seeded inputs, tables.
+// Host-side helpers for the standalone .cu tests: CUDA checks, bf16/fp8 bits, timing, options and exit status,
+// device buffers, seeded inputs, tables.
 #pragma once
 
 #include <cmath>
@@ -49,6 +50,113 @@ inline double bf16_ulp(double x) {
   int e = 0;
   std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
   return std::ldexp(1.0, e - 8);
+}
+
+// ---- fp8 on the host (OCP e4m3fn: no infinities, NaN 0x7f/0xff; e5m2: IEEE-like) ------------------------
+
+// Decodes an fp8 code with `mbits` mantissa bits and exponent bias `bias`.
+inline float fp8_bits_to_float(uint8_t bits, int mbits, int bias, bool e4m3fn) {
+  const int ebits = 7 - mbits;
+  const int sign = bits >> 7;
+  const int e = (bits >> mbits) & ((1 << ebits) - 1);
+  const int m = bits & ((1 << mbits) - 1);
+  float v;
+  if (e4m3fn && e == 15 && m == 7) {
+    v = NAN;
+  } else if (!e4m3fn && e == 31) {
+    v = m == 0 ? INFINITY : NAN;
+  } else if (e == 0) {
+    v = std::ldexp(float(m), 1 - bias - mbits);
+  } else {
+    v = std::ldexp(float((1 << mbits) | m), e - bias - mbits);
+  }
+  return sign ? -v : v;
+}
+
+inline float e4m3_to_float(uint8_t bits) { return fp8_bits_to_float(bits, 3, 7, true); }
+inline float e5m2_to_float(uint8_t bits) { return fp8_bits_to_float(bits, 2, 15, false); }
+
+// Round to nearest even with saturation to the largest finite value (like cvt.rn.satfinite); NaN stays NaN.
+inline uint8_t float_to_fp8(float f, bool e4m3) {
+  if (std::isnan(f)) return e4m3 ? 0x7f : 0x7e;
+  uint8_t best = 0;
+  double best_err = INFINITY;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const double a = std::fabs(double(f));
+  for (int code = 0; code < 128; ++code) {  // exhaustive: 128 magnitudes, exact ties to the even code
+    const float v = e4m3 ? e4m3_to_float(uint8_t(code)) : e5m2_to_float(uint8_t(code));
+    if (!std::isfinite(v)) continue;
+    const double err = std::fabs(a - double(v));
+    if (err < best_err || (err == best_err && (code & 1) == 0)) {
+      best_err = err;
+      best = uint8_t(code);
+    }
+  }
+  return uint8_t(sign | best);
+}
+
+inline uint8_t float_to_e4m3(float f) { return float_to_fp8(f, true); }
+inline uint8_t float_to_e5m2(float f) { return float_to_fp8(f, false); }
+
+// ---- timing ---------------------------------------------------------------------------------------
+
+// CUDA events around work on one stream; milliseconds between start() and stop().
+class GpuTimer {
+ public:
+  explicit GpuTimer(cudaStream_t stream = nullptr) : stream_(stream) {
+    TEST_CUDA_CHECK(cudaEventCreate(&start_));
+    TEST_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  GpuTimer(const GpuTimer&) = delete;
+  GpuTimer& operator=(const GpuTimer&) = delete;
+  ~GpuTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  void start() { TEST_CUDA_CHECK(cudaEventRecord(start_, stream_)); }
+  float stop() {
+    TEST_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    TEST_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0.f;
+    TEST_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// ---- command line and exit status ------------------------------------------------------------------
+
+// The options every standalone test takes: --small (the sanitizer's short table) and --seed N.
+struct TestOptions {
+  bool small = false;
+  uint64_t seed = 0;
+  bool ok = true;  // false: unknown argument (print usage, exit 2)
+};
+
+inline TestOptions parse_test_options(int argc, char** argv) {
+  TestOptions o;
+  o.seed = std::random_device{}();
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--small") == 0) {
+      o.small = true;
+    } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+      o.seed = std::strtoull(argv[++i], nullptr, 10);
+    } else {
+      std::fprintf(stderr, "usage: %s [--small] [--seed N]\n", argv[0]);
+      o.ok = false;
+    }
+  }
+  return o;
+}
+
+// Exit status of every standalone test: 0 all cases passed, 1 a case failed (2 is TEST_CUDA_CHECK's).
+inline int test_exit_status(int failed_cases, int total_cases, uint64_t seed) {
+  std::printf("%d cases, %d failed (seed %llu): %s\n", total_cases, failed_cases,
+              static_cast<unsigned long long>(seed), failed_cases == 0 ? "PASS" : "FAIL");
+  return failed_cases == 0 ? 0 : 1;
 }
 
 // ---- inputs ---------------------------------------------------------------------------------------

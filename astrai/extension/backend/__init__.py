@@ -3,6 +3,6 @@
 Importing this package loads no kernel.
 """
 
-from astrai.extension.backend import rotary
+from astrai.extension.backend import attention, quantize, rotary
 
-__all__ = ["rotary"]
+__all__ = ["attention", "quantize", "rotary"]

@@ -14,6 +14,8 @@ import re
 import pytest
 import torch
 from reference.rotary import random_freqs, rotary
+from support.bitwise import assert_bitwise_equal, assert_detects_perturbation
+from support.op_properties import batch_invariant
 
 from astrai.extension import apply_rotary_emb, apply_rotary_emb_qk
 from astrai.extension.backend import rotary as backend
@@ -57,31 +59,6 @@ def poison_next_allocations(*nbytes: int) -> None:
     for a result."""
     blocks = [torch.empty(max(n, 1), dtype=torch.uint8, device=DEVICE).fill_(0xFF) for n in nbytes]
     del blocks
-
-
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def assert_bitwise_equal(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
-    """Bit-for-bit equality (NaN payloads included); reports the first differing element."""
-    assert got.shape == want.shape and got.dtype == want.dtype, (
-        f"{what}: {got.dtype}{list(got.shape)} vs {want.dtype}{list(want.shape)}")
-    as_int = _INT_OF_SIZE[got.element_size()]
-    differ = got.view(as_int) != want.view(as_int)
-    if bool(differ.any()):
-        first = tuple(differ.nonzero()[0].tolist())
-        raise AssertionError(f"{what}: {int(differ.sum())} of {got.numel()} elements differ; first at {first}: "
-                             f"{got[first].item()!r} vs {want[first].item()!r}")
-
-
-def assert_detects_perturbation(t: torch.Tensor) -> None:
-    """Negative control: flip the lowest bit of one element of a copy; assert_bitwise_equal must fail."""
-    changed = t.clone()
-    flat = changed.view(_INT_OF_SIZE[t.element_size()]).view(-1)
-    index = int(torch.randint(0, flat.numel(), ()))
-    flat[index] ^= 1
-    with pytest.raises(AssertionError, match="1 of .* elements differ"):
-        assert_bitwise_equal(changed, t, "negative control")
 
 
 def assert_matches_truth(out: torch.Tensor, x: torch.Tensor, cos, sin, positions, interleaved: bool,
@@ -239,6 +216,7 @@ def test_cuda_graph_replay_is_bitwise_identical_to_eager(call, interleaved):
 @pytest.mark.parametrize("mode", ["token", "int64"])
 def test_batch_invariance(mode, interleaved):
     """A token's result does not depend on how many other tokens share the launch."""
+    assert batch_invariant("rotary_embedding_qk"), "support/op_properties.py says the op does not promise it"
     tokens = 989
     q, k = rand_bf16(tokens, 32, 128), rand_bf16(tokens, 8, 128)
     cos, sin, positions = make_freqs(mode, tokens, 128)

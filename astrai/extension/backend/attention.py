@@ -1,0 +1,602 @@
+"""Attention policy: backends (CUDA kernels, flash-attn, torch SDPA), selection rules, and the paged KV cache.
+
+Backends, in default priority order:
+
+- `CudaBackend` ("cuda"): this package's kernels. Decode only for now (`fwd="decode"`): bf16 CUDA q/K/V,
+  head_dim 64/128/256, Hq a multiple of Hkv, contiguous K/V or a `PagedKVCache`, optional 2-D keep mask,
+  no gradient. Prefill raises NotImplementedError (its kernels are not built yet), so automatic
+  selection falls through to the next backend.
+- `FlashAttnBackend` ("flash"): `flash_attn.flash_attn_func` when the `flash_attn` package imports;
+  contiguous K/V, fp16/bf16 CUDA, no mask, no per-sequence lengths, no cache.
+- `TorchNativeBackend` ("torch"): `scaled_dot_product_attention` over K/V gathered from the cache, always
+  available; handles everything: prefill and decode, ragged lengths, masks, causal with q_len < kv_len
+  aligned to the end, autograd.
+
+Selection, per call: a backend chosen with `attn_backend(...)` (a context manager), then one set with
+`set_op("attention", ...)`, then the deprecated `ASTR_BACKEND` environment variable (read once, with a
+DeprecationWarning) are *strict*: a call that backend cannot serve raises ValueError naming the reason.
+Otherwise ("auto") the first of cuda > flash > torch that can serve the call runs; a training call (grad
+enabled, an input requires grad, no cache) only considers flash and torch.
+
+Conventions: `blhd` layout. q `[B, Lq, Hq, D]` (decode also `[B, Hq, D]`), K/V `[B, L, Hkv, D]`; q head h
+reads kv head `h // (Hq // Hkv)`. Masks are bool, True = keep: `[B, L]` or `[B, Lq, L]`. A query that keeps
+no key gets zeros. With `is_causal`, query i of a sequence with n keys sees keys `j <= n - Lq + i`.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import contextvars
+import enum
+import functools
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from astrai.extension import loader
+from astrai.extension.ops import attention as ops
+
+
+
+@functools.cache
+def _flash_attn():
+    """The optional flash_attn package, imported on first need (it is heavy), or None. One guarded import."""
+    try:
+        import flash_attn
+    except Exception:  # ImportError, or a broken build that fails at import
+        return None
+    return flash_attn
+
+
+FWD_MODES = ("decode", "prefill", None)
+
+
+class ATTN_BACKEND(str, enum.Enum):
+    """Names of the attention backends; AUTO lets the policy choose per call."""
+
+    AUTO = "auto"
+    CUDA = "cuda"
+    FLASH = "flash"
+    TORCH = "torch"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The paged KV cache
+# ---------------------------------------------------------------------------------------------------------
+
+class PagedKVCache:
+    """Paged K/V storage for `num_layers` layers and up to `max_batch_size` sequences.
+
+    Storage: `k`, `v` `[num_layers, num_pages, page_size, Hkv, D]`; `layer(i)` gives the per-layer views
+    `[num_pages, page_size, Hkv, D]`. `page_table` `[max_batch_size, max_pages_per_seq]` int32 (unused
+    entries -1) and `kv_lens` `[max_batch_size]` int32 live on the cache's device; a host mirror of the
+    lengths assigns pages without a device sync.
+
+    A step: `extend(n)` reserves room for n new tokens per sequence (pages, page table, lengths, the append
+    positions); then, per layer, `append(layer_id, k_new, v_new)` writes them (one kernel launch on CUDA
+    bf16, a bitwise-equal torch scatter elsewhere) and `attention(q, kv_cache=cache, layer_id=i)` reads
+    them. `append` and attention are CUDA-graph capturable; `extend` is host bookkeeping.
+
+    Example
+    -------
+    >>> cache = PagedKVCache(32, 8, 128, num_pages=4096, page_size=16, max_batch_size=8, device="cuda")
+    >>> cache.reset(batch_size=2)
+    >>> cache.extend([70, 10])                       # prefill: 80 tokens, ragged
+    >>> cache.append(0, k_prompt, v_prompt)          # k_prompt [80, 8, 128]
+    >>> cache.extend(1)                              # a decode step: one token per sequence
+    >>> cache.append(0, k_tok, v_tok)                # k_tok [2, 1, 8, 128] or [2, 8, 128]
+    >>> out = attention(q, kv_cache=cache, layer_id=0, fwd="decode")
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, num_pages: int, page_size: int = 16,
+                 max_batch_size: int, max_pages_per_seq: int | None = None, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None):
+        if page_size < 1 or page_size > ops.MAX_PAGE_SIZE or page_size & (page_size - 1):
+            raise ValueError(f"PagedKVCache: page_size must be a power of two in [1, {ops.MAX_PAGE_SIZE}], "
+                             f"got {page_size}")
+        for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                            ("num_pages", num_pages), ("max_batch_size", max_batch_size)):
+            if value < 1:
+                raise ValueError(f"PagedKVCache: {name} must be >= 1, got {value}")
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.num_pages, self.page_size, self.max_batch_size = num_pages, page_size, max_batch_size
+        self.max_pages_per_seq = max_pages_per_seq or num_pages
+        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.page_table = torch.full((max_batch_size, self.max_pages_per_seq), -1, dtype=torch.int32, device=device)
+        self.kv_lens = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
+        self.device = self.k.device
+        self.reset(0)
+
+    @property
+    def capacity(self) -> int:
+        """Keys one sequence can hold: max_pages_per_seq * page_size."""
+        return self.max_pages_per_seq * self.page_size
+
+    def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) views of one layer: `[num_pages, page_size, Hkv, D]`."""
+        if not 0 <= layer_id < self.num_layers:
+            raise ValueError(f"PagedKVCache: layer_id must be in [0, {self.num_layers}), got {layer_id}")
+        return self.k[layer_id], self.v[layer_id]
+
+    def reset(self, batch_size: int) -> None:
+        """Forget every sequence and free every page; the next `batch_size` sequences start empty."""
+        if not 0 <= batch_size <= self.max_batch_size:
+            raise ValueError(f"PagedKVCache: batch_size must be in [0, {self.max_batch_size}], got {batch_size}")
+        self.batch_size = batch_size
+        self._free = list(range(self.num_pages - 1, -1, -1))  # pop() hands out page 0 first
+        self._pages: list[list[int]] = [[] for _ in range(self.max_batch_size)]
+        self._lens = [0] * self.max_batch_size
+        self.page_table.fill_(-1)
+        self.kv_lens.zero_()
+        self._seq_ids = self._positions = None
+        self._pending = 0
+
+    def lengths(self) -> list[int]:
+        """Host copy of the active sequences' lengths (no device sync)."""
+        return self._lens[:self.batch_size]
+
+    def extend(self, num_new: int | Sequence[int]) -> None:
+        """Reserve room for `num_new` more tokens per active sequence (an int for all, or one per sequence):
+        assign pages, update page_table and kv_lens, and set the positions the next `append`s write."""
+        counts = [int(num_new)] * self.batch_size if isinstance(num_new, int) else [int(n) for n in num_new]
+        if len(counts) != self.batch_size or any(n < 0 for n in counts):
+            raise ValueError(f"PagedKVCache.extend: need {self.batch_size} non-negative counts, got {counts}")
+        new_lens = [old + n for old, n in zip(self._lens, counts)]
+        if any(n > self.capacity for n in new_lens):
+            raise ValueError(f"PagedKVCache.extend: a sequence would hold {max(new_lens)} tokens, more than "
+                             f"max_pages_per_seq * page_size = {self.capacity}")
+        need = sum(-(-n // self.page_size) - len(self._pages[b]) for b, n in enumerate(new_lens))
+        if need > len(self._free):
+            raise RuntimeError(f"PagedKVCache.extend: out of pages ({need} needed, {len(self._free)} free)")
+        rows = []
+        for b, n in enumerate(new_lens):
+            while len(self._pages[b]) * self.page_size < n:
+                self._pages[b].append(self._free.pop())
+            rows.append(self._pages[b] + [-1] * (self.max_pages_per_seq - len(self._pages[b])))
+        if rows:
+            self.page_table[:self.batch_size].copy_(torch.tensor(rows, dtype=torch.int32))
+            self.kv_lens[:self.batch_size].copy_(torch.tensor(new_lens, dtype=torch.int32))
+        seq_ids = [b for b, n in enumerate(counts) for _ in range(n)]
+        positions = [old + i for old, n in zip(self._lens, counts) for i in range(n)]
+        self._seq_ids = torch.tensor(seq_ids, dtype=torch.int32).to(self.device)
+        self._positions = torch.tensor(positions, dtype=torch.int32).to(self.device)
+        self._counts = counts
+        self._pending = len(seq_ids)
+        self._lens[:self.batch_size] = new_lens
+
+    def append(self, layer_id: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        """Write the tokens reserved by the last `extend` into layer `layer_id`, all sequences in one launch.
+
+        `k_new`, `v_new`: `[N, Hkv, D]` with N the tokens reserved (sequences in order, ragged), or
+        `[B, T, Hkv, D]` when every sequence reserved T.
+        """
+        k_cache, v_cache = self.layer(layer_id)
+        if self._seq_ids is None:
+            raise RuntimeError("PagedKVCache.append: call extend(num_new) first")
+        k_new, v_new = self._flat(k_new, "k_new"), self._flat(v_new, "v_new")
+        page_table = self.page_table[:self.batch_size]
+        if (k_cache.is_cuda and k_cache.dtype == torch.bfloat16 and k_new.dtype == torch.bfloat16
+                and v_new.dtype == torch.bfloat16 and self.head_dim % 8 == 0 and loader.family_available(ops.FAMILY)):
+            ops.paged_kv_append(k_cache, v_cache, k_new.contiguous(), v_new.contiguous(), page_table,
+                                self._seq_ids, self._positions)
+            return
+        append_reference(k_cache, v_cache, k_new, v_new, page_table, self._seq_ids, self._positions)
+
+    def _flat(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        if t.dim() == 4:
+            if len(set(self._counts)) > 1 or t.shape[0] != self.batch_size or t.shape[1] != self._counts[0]:
+                raise ValueError(f"PagedKVCache.append: {name} [B, T, Hkv, D] needs every sequence to have "
+                                 f"reserved T tokens; reserved {self._counts}, got shape {list(t.shape)}")
+            t = t.flatten(0, 1)
+        want = (self._pending, self.num_kv_heads, self.head_dim)
+        if tuple(t.shape) != want:
+            raise ValueError(f"PagedKVCache.append: {name} must be {list(want)} (the tokens reserved by extend), "
+                             f"got {list(t.shape)}")
+        return t
+
+    def gather(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Contiguous copies of one layer's active sequences: k, v `[B, capacity, Hkv, D]` and the valid
+        keys `[B, capacity]` bool (position < kv_len and a page id in range). No host sync."""
+        k_cache, v_cache = self.layer(layer_id)
+        return gather_paged(k_cache, v_cache, self.page_table[:self.batch_size], self.kv_lens[:self.batch_size])
+
+
+def append_reference(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions) -> None:
+    """The paged_kv_append contract in torch: the same drops for out-of-range ids, bitwise the same writes."""
+    num_pages, page_size = k_cache.shape[:2]
+    seq, pos = seq_ids.long(), positions.long()
+    ok = (seq >= 0) & (seq < page_table.shape[0]) & (pos >= 0) & (pos < page_table.shape[1] * page_size)
+    page = page_table[seq.clamp(0, page_table.shape[0] - 1), (pos // page_size).clamp(0, page_table.shape[1] - 1)]
+    page = page.long()
+    ok &= (page >= 0) & (page < num_pages)
+    flat = (page * page_size + pos % page_size)[ok]
+    k_cache.view(-1, *k_cache.shape[2:])[flat] = k_new[ok].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[flat] = v_new[ok].to(v_cache.dtype)
+
+
+def gather_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, kv_lens: torch.Tensor):
+    """k, v `[B, max_pages * page_size, Hkv, D]` gathered through the page table, and valid `[B, same]`."""
+    num_pages, page_size = k_cache.shape[:2]
+    batch, max_pages = page_table.shape
+    t = torch.arange(max_pages * page_size, device=page_table.device)
+    page = page_table.long()[:, t // page_size]                      # [B, Lmax]
+    valid = (t[None, :] < kv_lens.long()[:, None]) & (page >= 0) & (page < num_pages)
+    flat = page.clamp(0, num_pages - 1) * page_size + t % page_size  # [B, Lmax]
+    k = k_cache.reshape(-1, *k_cache.shape[2:])[flat]
+    v = v_cache.reshape(-1, *v_cache.shape[2:])[flat]
+    return k, v, valid
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One call, normalized
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class AttnCall:
+    """An attention call in canonical form (what backends see)."""
+
+    q: torch.Tensor                   # [B, Lq, Hq, D]
+    k: torch.Tensor | None            # [B, L, Hkv, D] contiguous source, None with a cache
+    v: torch.Tensor | None
+    kv_cache: PagedKVCache | None
+    layer_id: int | None
+    fwd: str                          # "decode" or "prefill"
+    is_causal: bool
+    attn_mask: torch.Tensor | None    # bool [B, L] or [B, Lq, L]
+    scale: float
+    kv_lens: torch.Tensor | None      # [B] int32, contiguous source only
+    q_was_3d: bool
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_cache.num_kv_heads if self.kv_cache is not None else self.k.shape[2]
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.kv_cache.k.dtype if self.kv_cache is not None else self.k.dtype
+
+    @property
+    def kv_device(self) -> torch.device:
+        return self.kv_cache.device if self.kv_cache is not None else self.k.device
+
+    def needs_grad(self) -> bool:
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (self.q, self.k, self.v))
+
+
+class AttentionBackend(abc.ABC):
+    """One way to compute attention. `blocker(call)` says why it cannot serve a call (None: it can);
+    `forward(call)` computes `[B, Lq, Hq, D]`."""
+
+    name: str = "?"
+
+    def blocker(self, call: AttnCall) -> str | None:
+        return None
+
+    @abc.abstractmethod
+    def forward(self, call: AttnCall) -> torch.Tensor:
+        """Attention for a canonical call; returns `[B, Lq, Hq, D]` in q's dtype."""
+
+
+def _is_vec_layout(t: torch.Tensor) -> bool:
+    """The kernels' 16-byte rule: aligned base, unit last stride, other strides multiples of 8 elements."""
+    if t.numel() == 0:
+        return True
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return False
+    if t.data_ptr() % 16:
+        return False
+    return all(t.stride(d) % 8 == 0 or t.shape[d] == 1 for d in range(t.dim() - 1))
+
+
+@torch.compiler.assume_constant_result
+def _kernels_available() -> bool:
+    return loader.family_available(ops.FAMILY)
+
+
+class CudaBackend(AttentionBackend):
+    """This package's kernels: split-KV decode over contiguous K/V or a PagedKVCache."""
+
+    name = "cuda"
+
+    def blocker(self, call: AttnCall, *, check_available: bool = True) -> str | None:
+        if call.fwd == "prefill":
+            return "prefill kernels are not built yet (only decode runs on the CUDA backend)"
+        if not call.q.is_cuda or call.kv_device.type != "cuda":
+            return "q and K/V must be CUDA tensors"
+        if call.q.dtype != torch.bfloat16 or call.kv_dtype != torch.bfloat16:
+            return f"the kernels take bfloat16, got q {call.q.dtype} and K/V {call.kv_dtype}"
+        if call.q.shape[-1] not in ops.HEAD_DIMS:
+            return f"head_dim {call.q.shape[-1]} is not one of {ops.HEAD_DIMS}"
+        if call.q.shape[1] != 1:
+            return f"decode takes one query token per sequence, got q_len {call.q.shape[1]}"
+        if call.needs_grad():
+            return "a gradient is needed; the kernels have no backward"
+        if call.attn_mask is not None and not (call.attn_mask.dim() == 2 or
+                                               (call.attn_mask.dim() == 3 and call.attn_mask.shape[1] == 1)):
+            return "the decode kernels take a [B, L] (or [B, 1, L]) mask"
+        tensors = [call.q] + ([call.k, call.v] if call.kv_cache is None else list(call.kv_cache.layer(call.layer_id)))
+        if not all(_is_vec_layout(t) for t in tensors):
+            return "q/K/V are not 16-byte aligned with strides that are multiples of 8 elements"
+        if check_available and not _kernels_available():
+            return "no image serves the attention family here (python -m astrai.extension info says why)"
+        return None
+
+    def forward(self, call: AttnCall) -> torch.Tensor:
+        if call.fwd == "prefill":
+            raise NotImplementedError("CudaBackend: prefill kernels are not built yet; use the torch or flash "
+                                      "backend (automatic selection falls back to them)")
+        q = call.q[:, 0]  # [B, Hq, D]
+        mask = call.attn_mask
+        if mask is not None and mask.dim() == 3:
+            mask = mask[:, 0]
+        if call.kv_cache is None:
+            out = ops.attn_decode(q, call.k, call.v, call.kv_lens, mask=mask, scale=call.scale)
+        else:
+            cache = call.kv_cache
+            k_cache, v_cache = cache.layer(call.layer_id)
+            out = ops.attn_paged_decode(q, k_cache, v_cache, cache.page_table[:cache.batch_size],
+                                        cache.kv_lens[:cache.batch_size], mask=mask, scale=call.scale)
+        return out.unsqueeze(1)
+
+
+class FlashAttnBackend(AttentionBackend):
+    """`flash_attn.flash_attn_func` over contiguous K/V (no mask, no lengths, no cache)."""
+
+    name = "flash"
+
+    def blocker(self, call: AttnCall) -> str | None:
+        if not call.q.is_cuda:
+            return "flash_attn takes CUDA tensors"
+        if call.kv_cache is not None:
+            return "flash_attn_func takes contiguous K/V, not a paged cache"
+        if call.attn_mask is not None or call.kv_lens is not None:
+            return "flash_attn_func takes no mask and no per-sequence lengths"
+        if not call.q.is_cuda or call.q.dtype not in (torch.float16, torch.bfloat16) or call.k.dtype != call.q.dtype:
+            return "flash_attn takes fp16/bf16 CUDA tensors of one dtype"
+        if call.q.shape[-1] > 256 or call.q.shape[-1] % 8:
+            return f"flash_attn takes head_dim <= 256, a multiple of 8, got {call.q.shape[-1]}"
+        if _flash_attn() is None:
+            return "the flash_attn package is not importable"
+        return None
+
+    def forward(self, call: AttnCall) -> torch.Tensor:
+        # Causal with q_len < kv_len aligns to the end (flash-attn >= 2.1), as this module defines.
+        return _flash_attn().flash_attn_func(call.q, call.k, call.v, softmax_scale=call.scale, causal=call.is_causal)
+
+
+class TorchNativeBackend(AttentionBackend):
+    """SDPA over gathered K/V with every rule of the module applied as an explicit keep mask."""
+
+    name = "torch"
+
+    def forward(self, call: AttnCall) -> torch.Tensor:
+        q = call.q
+        batch, q_len = q.shape[:2]
+        if call.kv_cache is None:
+            k, v = call.k, call.v
+            length = k.shape[1]
+            pos = torch.arange(length, device=k.device)
+            lens = (call.kv_lens.long() if call.kv_lens is not None
+                    else torch.full((batch,), length, device=k.device, dtype=torch.long))
+            valid = pos[None, :] < lens[:, None]
+        else:
+            k, v, valid = call.kv_cache.gather(call.layer_id)
+            length = k.shape[1]
+            lens = call.kv_cache.kv_lens[:batch].long().clamp(0, length)
+            pos = torch.arange(length, device=k.device)
+        keep = valid[:, None, :].expand(batch, q_len, length)  # [B, Lq, L]
+        if call.attn_mask is not None:
+            mask = call.attn_mask.to(keep.device)
+            if mask.dim() == 2:
+                mask = mask[:, None, :]
+            if mask.shape[-1] < length:  # a paged cache: keys past the mask are dropped
+                mask = F.pad(mask, (0, length - mask.shape[-1]), value=False)
+            keep = keep & mask
+        if call.is_causal:
+            q_pos = lens[:, None] - q_len + torch.arange(q_len, device=keep.device)[None, :]  # [B, Lq]
+            keep = keep & (pos[None, None, :] <= q_pos[:, :, None])
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype),
+            attn_mask=keep[:, None], scale=call.scale, enable_gqa=q.shape[2] != k.shape[2])  # [B, Hq, Lq, D]
+        out = out.transpose(1, 2)
+        return out.masked_fill(~keep.any(-1)[:, :, None, None], 0.0)
+
+
+BACKENDS: dict[str, AttentionBackend] = {"cuda": CudaBackend(), "flash": FlashAttnBackend(),
+                                         "torch": TorchNativeBackend()}
+_PRIORITY = ("cuda", "flash", "torch")
+_TRAINING_PRIORITY = ("flash", "torch")
+
+# ---------------------------------------------------------------------------------------------------------
+# Selection
+# ---------------------------------------------------------------------------------------------------------
+
+_context: contextvars.ContextVar = contextvars.ContextVar("astrai_attn_backend", default=None)
+_process_choice: AttentionBackend | None = None
+_env_seed_read = False
+
+
+def _as_backend(impl, where: str) -> AttentionBackend | None:
+    """None for "auto"; a backend for a name, an ATTN_BACKEND member or an AttentionBackend instance."""
+    if isinstance(impl, AttentionBackend):
+        return impl
+    name = impl.value if isinstance(impl, ATTN_BACKEND) else impl
+    if name == "auto":
+        return None
+    if isinstance(name, str) and name in BACKENDS:
+        return BACKENDS[name]
+    raise ValueError(f"{where}: unknown attention backend {impl!r}; expected one of "
+                     f"{[m.value for m in ATTN_BACKEND]} or an AttentionBackend instance")
+
+
+def _read_env_seed() -> None:
+    """ASTR_BACKEND, read once: a deprecated seed for set_op("attention", ...)."""
+    global _env_seed_read, _process_choice
+    if _env_seed_read:
+        return
+    _env_seed_read = True
+    value = os.environ.get("ASTR_BACKEND")
+    if value and _process_choice is None:
+        warnings.warn("ASTR_BACKEND is deprecated: call astrai.extension.set_op('attention', "
+                      f"{value!r}) or use the attn_backend(...) context manager", DeprecationWarning, stacklevel=3)
+        _process_choice = _as_backend(value.strip().lower(), "ASTR_BACKEND")
+
+
+def set_op(op: str, impl) -> None:
+    """Choose the implementation of a public op for this process: `set_op("attention", "torch")`.
+
+    `impl`: an ATTN_BACKEND name ("auto" restores the automatic choice) or an AttentionBackend instance.
+    The choice is strict: a call it cannot serve raises ValueError instead of switching.
+    """
+    global _process_choice, _env_seed_read
+    if op != "attention":
+        raise ValueError(f"set_op: unknown op {op!r}; ops with selectable implementations: ['attention']")
+    _env_seed_read = True  # an explicit choice supersedes the environment seed
+    _process_choice = _as_backend(impl, "set_op")
+
+
+@contextlib.contextmanager
+def attn_backend(impl):
+    """Use one attention backend inside the block (strict: a call it cannot serve raises ValueError).
+
+    Example
+    -------
+    >>> with attn_backend(ATTN_BACKEND.TORCH):
+    ...     out = attention(q, k, v, is_causal=True)
+    """
+    token = _context.set(("set", _as_backend(impl, "attn_backend")))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def _explicit_choice() -> tuple[bool, AttentionBackend | None]:
+    ctx = _context.get()
+    if ctx is not None:
+        return ctx[1] is not None, ctx[1]
+    _read_env_seed()
+    return _process_choice is not None, _process_choice
+
+
+def select_backend(call: AttnCall) -> AttentionBackend:
+    """The backend that serves `call` under the current selection rules (raises when a strict choice cannot)."""
+    explicit, chosen = _explicit_choice()
+    if explicit:
+        reason = chosen.blocker(call) if not isinstance(chosen, CudaBackend) else chosen.blocker(
+            call, check_available=False)
+        if reason:
+            raise ValueError(f"attention: the selected backend {chosen.name!r} cannot run this call: {reason}")
+        return chosen
+    order = _TRAINING_PRIORITY if (call.kv_cache is None and call.needs_grad()) else _PRIORITY
+    for name in order:
+        if BACKENDS[name].blocker(call) is None:
+            return BACKENDS[name]
+    return BACKENDS["torch"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The public op
+# ---------------------------------------------------------------------------------------------------------
+
+def _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens) -> AttnCall:
+    fn = "attention"
+    if fwd not in FWD_MODES:
+        raise ValueError(f"{fn}: fwd must be one of {FWD_MODES}, got {fwd!r}")
+    if q.dim() == 3:
+        q4, was3 = q.unsqueeze(1), True
+    elif q.dim() == 4:
+        q4, was3 = q, False
+    else:
+        raise ValueError(f"{fn}: q must be [B, Lq, Hq, D] (or [B, Hq, D] for decode), got shape {list(q.shape)}")
+    batch, q_len, heads_q, head_dim = q4.shape
+    if kv_cache is not None:
+        if k is not None or v is not None:
+            raise ValueError(f"{fn}: pass either k and v or kv_cache, not both")
+        if layer_id is None:
+            raise ValueError(f"{fn}: kv_cache needs layer_id")
+        kv_cache.layer(layer_id)  # validates the id
+        if kv_lens is not None:
+            raise ValueError(f"{fn}: kv_lens comes from the cache; do not pass it with kv_cache")
+        if batch != kv_cache.batch_size:
+            raise ValueError(f"{fn}: q has batch {batch}, the cache holds {kv_cache.batch_size} sequences")
+        heads_kv, kv_head_dim, length = kv_cache.num_kv_heads, kv_cache.head_dim, kv_cache.capacity
+    else:
+        if k is None or v is None:
+            raise ValueError(f"{fn}: k and v are required without kv_cache")
+        if k.dim() != 4 or v.shape != k.shape:
+            raise ValueError(f"{fn}: k and v must be [B, L, Hkv, D] of one shape, got {list(k.shape)} and "
+                             f"{list(v.shape)}")
+        if k.shape[0] != batch:
+            raise ValueError(f"{fn}: k has batch {k.shape[0]}, q has {batch}")
+        heads_kv, kv_head_dim, length = k.shape[2], k.shape[3], k.shape[1]
+        if kv_lens is not None and (kv_lens.shape != (batch,) or kv_lens.dtype != torch.int32):
+            raise ValueError(f"{fn}: kv_lens must be int32 [{batch}], got {kv_lens.dtype} {list(kv_lens.shape)}")
+    if kv_head_dim != head_dim:
+        raise ValueError(f"{fn}: q head_dim {head_dim} differs from K/V head_dim {kv_head_dim}")
+    if heads_q % heads_kv:
+        raise ValueError(f"{fn}: q heads ({heads_q}) must be a multiple of kv heads ({heads_kv})")
+    resolved = fwd or ("decode" if q_len == 1 else "prefill")
+    if resolved == "decode" and q_len != 1:
+        raise ValueError(f"{fn}: fwd='decode' takes one query token per sequence, got q_len {q_len}")
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool:
+            raise ValueError(f"{fn}: attn_mask must be bool (True = keep), got {attn_mask.dtype}")
+        ok_2d = attn_mask.dim() == 2 and attn_mask.shape[0] == batch
+        ok_3d = attn_mask.dim() == 3 and attn_mask.shape[:2] == (batch, q_len)
+        ok_len = attn_mask.shape[-1] == length if kv_cache is None else attn_mask.shape[-1] <= length
+        if not ((ok_2d or ok_3d) and ok_len):
+            raise ValueError(f"{fn}: attn_mask must be [B, L] or [B, Lq, L] = [{batch}, {q_len}, {length}] "
+                             f"bool, got {list(attn_mask.shape)}")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    return AttnCall(q4, k, v, kv_cache, layer_id, resolved, bool(is_causal), attn_mask, scale, kv_lens, was3)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
+              kv_cache: PagedKVCache | None = None, layer_id: int | None = None, fwd: str | None = None,
+              is_causal: bool = False, attn_mask: torch.Tensor | None = None, scale: float | None = None,
+              kv_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention (GQA/MQA) over contiguous K/V or a PagedKVCache, best backend per call.
+
+    Parameters
+    ----------
+    q : Tensor
+        `[B, Lq, Hq, D]`; decode may pass `[B, Hq, D]`.
+    k, v : Tensor, optional
+        `[B, L, Hkv, D]`, Hq a multiple of Hkv. Omit them with `kv_cache`.
+    kv_cache : PagedKVCache, optional
+        Keys and values of `layer_id` for the cache's active sequences (lengths from the cache).
+    fwd : {"decode", "prefill", None}
+        None: decode when Lq == 1, else prefill. Other values raise ValueError.
+    is_causal : bool
+        Query i of a sequence with n keys sees keys `j <= n - Lq + i` (aligned to the end).
+    attn_mask : Tensor, optional
+        bool, True = keep: `[B, L]` or `[B, Lq, L]` (with a cache, L may be shorter than its capacity:
+        later keys are dropped).
+    scale : float, optional
+        Softmax scale, default `1/sqrt(D)`.
+    kv_lens : Tensor, optional
+        `[B]` int32: keys used per sequence of contiguous K/V (a ragged batch); default all L.
+
+    Returns
+    -------
+    Tensor
+        q's shape and dtype. A query that keeps no key gets zeros.
+
+    Example
+    -------
+    >>> q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+    >>> out = attention(q, k, v)                          # decode: the CUDA split-KV kernel
+    """
+    call = _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens)
+    out = select_backend(call).forward(call)
+    return out[:, 0] if call.q_was_3d else out

@@ -1,0 +1,513 @@
+"""Quantization policy: per call, the CUDA quantize kernels where they serve, else a torch path that computes
+the same bits (so a CPU result equals the GPU one).
+
+The CUDA kernels (`astrai.extension.ops.quantize`) run when all of these hold, checked in this order:
+
+1. x is a bf16, fp16 or fp32 CUDA tensor;
+2. the call is one the kernels implement (int8 only row-major; block scaling needs N % 128 == 0);
+3. an image serves the quantize family here (`loader.family_available("quantize")`).
+
+Quantization has no gradient: an x that requires grad is quantized as its detached value on both paths.
+`path="cuda"` forces the kernels and raises with the reason when they cannot run; `path="torch"` forces the
+torch path; `select_path(...)` says which one `path="auto"` takes.
+
+The contract (docs/contracts.md, "Quantize ops") in brief: fp8 `out = (x.float() * s).clamp(-max, max)
+.to(fp8)` with NaN -> 0x7f; int8 `round_half_even(x.float() * s)` clamped to [-127, 127] with NaN -> 0;
+dynamic multipliers `s = qmax / amax` in float32 (FLT_MAX past it, or 2^127 when rounded down to a power of
+two with `pow2_scale`), `s = 1` for an amax of 0, inf or NaN; the returned `scale_inv = 1 / s`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from astrai.extension import loader
+from astrai.extension.ops import quantize as ops
+
+PATHS = ("auto", "cuda", "torch")
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+_FLT_MAX = torch.finfo(torch.float32).max
+_IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
+def _kernels_available() -> bool:
+    return loader.family_available(ops.FAMILY)
+
+
+def _qmax(dtype: torch.dtype, fn: str) -> float:
+    if dtype == torch.int8:
+        return 127.0
+    if dtype not in FP8_MAX:
+        raise ValueError(f"{fn}: out_dtype must be torch.float8_e4m3fn, torch.float8_e5m2 or torch.int8, got {dtype}")
+    return FP8_MAX[dtype]
+
+
+def _cuda_blocker(x: torch.Tensor, *, check_available: bool = True) -> str | None:
+    if not x.is_cuda:
+        return f"x is on {x.device}, not a CUDA device"
+    if x.dtype not in _IN_DTYPES:
+        return f"x is {x.dtype}; the kernels take bfloat16, float16 or float32"
+    if x.dim() >= 1 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        return "x's last dimension is not contiguous"
+    if check_available and not _kernels_available():
+        return "no image serves the quantize family here (python -m astrai.extension info says why)"
+    return None
+
+
+def _choose(fn: str, path: str, x: torch.Tensor) -> str:
+    if path == "torch":
+        return "torch"
+    if path == "auto":
+        return "torch" if _cuda_blocker(x) else "cuda"
+    if path == "cuda":
+        blocker = _cuda_blocker(x, check_available=False)
+        if blocker:
+            raise ValueError(f"{fn}(path='cuda'): the CUDA kernels cannot run this call: {blocker}")
+        return "cuda"
+    raise ValueError(f"{fn}: path must be one of {PATHS}, got {path!r}")
+
+
+def select_path(x: torch.Tensor) -> str:
+    """"cuda" or "torch": the path the quantize functions take for x with `path="auto"`."""
+    return "torch" if _cuda_blocker(x) else "cuda"
+
+
+# ---- the torch path: the contract's formulas ----------------------------------------------------------------
+
+def cast_torch(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 values (already multiplied) -> fp8 / int8 by the contract's rounding, saturation and NaN rules."""
+    y = y.float()
+    nan = torch.isnan(y)
+    if dtype == torch.int8:
+        q = torch.round(y.clamp(-127.0, 127.0))
+        return q.masked_fill(nan, 0.0).to(torch.int8)
+    m = FP8_MAX[dtype]
+    bits = y.clamp(-m, m).to(dtype).view(torch.uint8)
+    return bits.masked_fill(nan, 0x7F).view(dtype)
+
+
+def scale_from_amax_torch(amax: torch.Tensor, qmax: float, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(multiplier, 1 / multiplier) in float32 from an amax, elementwise (the kernels' rule)."""
+    a = amax.float()
+    ok = (a > 0) & torch.isfinite(a)
+    mul = torch.full_like(a, qmax) / torch.where(ok, a, torch.ones_like(a))
+    mul = torch.where(torch.isinf(mul), torch.full_like(mul, 2.0**127 if pow2 else _FLT_MAX), mul)
+    if pow2:
+        mul = (mul.view(torch.int32) & -8388608).view(torch.float32)
+    mul = torch.where(ok, mul, torch.ones_like(mul))
+    return mul, torch.ones_like(mul) / mul
+
+
+def _amax_torch(x2: torch.Tensor, dim: int | None) -> torch.Tensor:
+    a = x2.detach().float().abs()
+    if dim is None:
+        return a.amax().reshape(1) if a.numel() else torch.zeros(1, device=x2.device)
+    if a.shape[1] == 0:
+        return torch.zeros(a.shape[0], device=x2.device)
+    return a.amax(dim=dim)
+
+
+def _mn_major_zeros(like: torch.Tensor, mn: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """[mn, k] with strides (1, align(mn, 4)), padding rows zero (as the kernels write them)."""
+    return like.new_zeros((k, (mn + 3) // 4 * 4), dtype=dtype).transpose(0, 1)[:mn]
+
+
+def _as_2d(fn: str, x: torch.Tensor) -> torch.Tensor:
+    if x.dim() < 2:
+        raise ValueError(f"{fn}: x must be [M, N] or [..., N], got shape {list(x.shape)}")
+    return x.detach().reshape(-1, x.shape[-1])
+
+
+def _layout(fn: str, layout) -> int:
+    return ops._lookup(ops.LAYOUTS, layout, fn, "layout")
+
+
+# ---- public functions ----------------------------------------------------------------------------------------
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *,
+                 layout: str | int = "rowwise", amax: str | None = None, check_scale: bool = True,
+                 path: str = "auto"):
+    """Quantize x with a given float32 multiplier (per tensor `[]`/`[1]`, per row `[M, 1]`, per column `[1, N]`).
+
+    Returns `(out, out_t, amax)` as `ops.quantize.quantize` does (None for what was not asked for); the torch
+    path computes the same bits. dtype may be torch.int8 for the row-major layout.
+
+    Example
+    -------
+    >>> out, out_t, amax = quantize_fp8(x, torch.tensor([2.0], device="cuda"), layout="dual", amax="tensor")
+    """
+    fn = "quantize_fp8"
+    qmax = _qmax(dtype, fn)
+    layout_i = _layout(fn, layout)
+    amax_i = ops._lookup(ops.AMAX, amax, fn, "amax")
+    if dtype == torch.int8 and layout_i != 0:
+        raise ValueError(f"{fn}: int8 output is row-major only (layout='rowwise'), got layout={layout!r}")
+    if _choose(fn, path, x) == "cuda":
+        return ops.quantize(x.detach(), scale, dtype, layout=layout_i, amax=amax, check_scale=check_scale)
+    if check_scale:
+        ops.check_scale_values(fn, scale)
+    x2 = _as_2d(fn, x)
+    M, N = x2.shape
+    s = scale.float()
+    if s.numel() == 1:
+        s = s.reshape(())
+    elif tuple(s.shape) not in ((M, 1), (1, N)):
+        raise ValueError(f"{fn}: scale must be [] or [1], [M, 1] = [{M}, 1] or [1, N] = [1, {N}], got {list(s.shape)}")
+    del qmax
+    q = cast_torch(x2.float() * s.to(x2.device), dtype)
+    out = q.view(x.shape) if layout_i != 1 else None
+    out_t = q.t().contiguous() if layout_i != 0 else None
+    a = None if amax_i == 0 else _amax_torch(x2, None if amax_i == 1 else 1)
+    return out, out_t, a
+
+
+def quantize_fp8_dynamic(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *,
+                         granularity: str = "tensor", pow2_scale: bool = False, layout: str | int = "rowwise",
+                         path: str = "auto"):
+    """Dynamic quantization (amax -> multiplier -> cast) per tensor or per row (one pass on CUDA).
+
+    Returns `(out, out_t, scale_inv)`: scale_inv float32 `[1]` or `[M, 1]`, the dequantization scale.
+
+    Example
+    -------
+    >>> q, _, scale_inv = quantize_fp8_dynamic(x, granularity="row")   # q * scale_inv ~ x
+    """
+    fn = "quantize_fp8_dynamic"
+    qmax = _qmax(dtype, fn)
+    g = ops._lookup(ops.GRANULARITY, granularity, fn, "granularity")
+    layout_i = _layout(fn, layout)
+    if g == 1 and layout_i != 0:
+        raise ValueError(f"{fn}: per-row scales are row-major only (layout='rowwise'), got layout={layout!r}")
+    if dtype == torch.int8 and layout_i != 0:
+        raise ValueError(f"{fn}: int8 output is row-major only (layout='rowwise'), got layout={layout!r}")
+    if _choose(fn, path, x) == "cuda":
+        return ops.quantize_dynamic(x.detach(), dtype, granularity=g, pow2_scale=pow2_scale, layout=layout_i)
+    x2 = _as_2d(fn, x)
+    a = _amax_torch(x2, None if g == 0 else 1)
+    mul, inv = scale_from_amax_torch(a, qmax, pow2_scale)
+    if g == 1:
+        mul, inv = mul.reshape(-1, 1), inv.reshape(-1, 1)
+    q = cast_torch(x2.float() * (mul if g == 1 else mul.reshape(())), dtype)
+    out = q.view(x.shape) if layout_i != 1 else None
+    out_t = q.t().contiguous() if layout_i != 0 else None
+    return out, out_t, inv
+
+
+def quantize_fp8_block(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, block_rows: int = 1,
+                       pow2_scale: bool = False, scale_mn_major: bool = False, path: str = "auto"):
+    """Block-scaled fp8: 1 x 128 groups (block_rows=1) or 128 x 128 blocks (block_rows=128); N % 128 == 0.
+
+    Returns `(out, scale_inv)`, scale_inv float32 `[ceil(M / block_rows), N / 128]` (MN-major TMA-aligned with
+    `scale_mn_major`).
+
+    Example
+    -------
+    >>> q, sf = quantize_fp8_block(w, block_rows=128, pow2_scale=True)
+    """
+    fn = "quantize_fp8_block"
+    if dtype not in FP8_MAX:
+        raise ValueError(f"{fn}: dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    if block_rows not in (1, 128):
+        raise ValueError(f"{fn}: block_rows must be 1 or 128, got {block_rows}")
+    if x.dim() >= 1 and x.shape[-1] % 128:
+        raise ValueError(f"{fn}: the block size 128 does not divide N = {x.shape[-1]}; pad the columns")
+    if _choose(fn, path, x) == "cuda":
+        return ops.quantize_block(x.detach(), dtype, block_rows=block_rows, pow2_scale=pow2_scale,
+                                  scale_mn_major=scale_mn_major)
+    x2 = _as_2d(fn, x)
+    M, N = x2.shape
+    rows_p = -(-M // block_rows) * block_rows
+    xf = torch.zeros(rows_p, N, dtype=torch.float32, device=x2.device)
+    xf[:M] = x2.float()
+    blocks = xf.view(rows_p // block_rows, block_rows, N // 128, 128)
+    a = blocks.abs().amax(dim=(1, 3)) if blocks.numel() else torch.zeros(rows_p // block_rows, N // 128,
+                                                                         device=x2.device)
+    mul, inv = scale_from_amax_torch(a, FP8_MAX[dtype], pow2_scale)
+    q = cast_torch((blocks * mul[:, None, :, None]).view(rows_p, N)[:M], dtype)
+    if scale_mn_major:
+        inv = _mn_major_zeros(inv, inv.shape[0], inv.shape[1], torch.float32).copy_(inv)
+    return q.view(x.shape), inv
+
+
+def fp8_scale_layout(sf: torch.Tensor, *, pack_ue8m0: bool = False, path: str = "auto") -> torch.Tensor:
+    """Scale factors `[MN, SF_K]` float32 -> DeepGEMM's MN-major TMA-aligned layout, plain or packed UE8M0.
+
+    Example
+    -------
+    >>> packed = fp8_scale_layout(sf, pack_ue8m0=True)   # int32 [MN, ceil(SF_K/4)], strides (1, align(MN, 4))
+    """
+    fn = "fp8_scale_layout"
+    if sf.dim() != 2 or sf.dtype != torch.float32:
+        raise ValueError(f"{fn}: sf must be float32 [MN, SF_K], got {sf.dtype} {list(sf.shape)}")
+    chosen = "torch" if path == "torch" or (path == "auto" and (not sf.is_cuda or not _kernels_available())) \
+        else "cuda"
+    if path not in PATHS:
+        raise ValueError(f"{fn}: path must be one of {PATHS}, got {path!r}")
+    if chosen == "cuda":
+        return ops.scale_layout(sf, pack_ue8m0=pack_ue8m0)
+    mn, sf_k = sf.shape
+    if not pack_ue8m0:
+        return _mn_major_zeros(sf, mn, sf_k, torch.float32).copy_(sf)
+    k4 = (sf_k + 3) // 4
+    exps = torch.zeros(mn, 4 * k4, dtype=torch.int64, device=sf.device)
+    exps[:, :sf_k] = (sf.contiguous().view(torch.int32).to(torch.int64) >> 23) & 0xFF
+    e = exps.view(mn, k4, 4)
+    words = e[..., 0] | (e[..., 1] << 8) | (e[..., 2] << 16) | (e[..., 3] << 24)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return _mn_major_zeros(sf, mn, k4, torch.int32).copy_(words)
+
+
+def quantize_int8_per_row(x: torch.Tensor, *, path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric dynamic int8 per row (activations): `(q int8 [..., N], scale_inv float32 [M, 1])`,
+    q = round_half_even(x * 127 / amax_row) in [-127, 127].
+
+    Example
+    -------
+    >>> q, scale_inv = quantize_int8_per_row(x)       # x ~ q.float() * scale_inv
+    """
+    out, _, inv = quantize_fp8_dynamic(x, torch.int8, granularity="row", path=path)
+    return out, inv
+
+
+def quantize_int8_per_channel(weight: torch.Tensor, *, path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel of a weight `[out_features, in_features]`: the per-row rule on its
+    rows. Returns `(q int8, scale_inv float32 [out_features, 1])`.
+
+    Example
+    -------
+    >>> qw, w_scale = quantize_int8_per_channel(linear.weight)
+    """
+    return quantize_int8_per_row(weight, path=path)
+
+
+# ---- the FP8 strategy layer: recipes and fp8_autocast ------------------------------------------------------------
+#
+# fp8_autocast routes `torch.nn.functional.linear` (what nn.Linear calls) through fp8 quantization and
+# `torch._scaled_mm`, forward and backward, while the context is active. Nothing is installed at import: the
+# TorchFunctionMode is pushed on entering the context and popped on leaving it.
+#
+# Forward: x [M, K] and W [N, K] quantized to e4m3 with both layouts (row-major for the forward GEMM,
+# transposed kept for the backward), out = _scaled_mm(xq, Wq^T) * scale_inv_x * scale_inv_w (+ bias).
+# Backward: grad [M, N] quantized to the recipe's backward format with both layouts;
+#   grad_x = _scaled_mm(gq, (W^T)q^T), grad_W = _scaled_mm((g^T)q, (x^T)q^T), grad_bias = grad.sum(0).
+# Calls the GEMM cannot take (M, N or K not a multiple of 16, an input that is not bf16/fp16/fp32, a device
+# outside `devices`) run the plain linear.
+
+import dataclasses  # noqa: E402
+import threading  # noqa: E402
+import weakref  # noqa: E402
+
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+_FORMATS = {"hybrid": (torch.float8_e4m3fn, torch.float8_e5m2), "e4m3": (torch.float8_e4m3fn, torch.float8_e4m3fn)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedScaling:
+    """Delayed scaling: each tensor role (input, weight, gradient) of each weight keeps a ring of its last
+    `amax_history_len` amax values; the multiplier of step t is `fp8_max / max(ring) / 2**margin` from the
+    steps before it (the first step quantizes dynamically), and step t's amax (fused into the quantize
+    kernel) enters the ring. fp8_format "hybrid": e4m3 forward, e5m2 gradients; "e4m3": e4m3 everywhere."""
+    amax_history_len: int = 16
+    margin: int = 0
+    fp8_format: str = "hybrid"
+
+    def __post_init__(self):
+        if self.amax_history_len < 1:
+            raise ValueError(f"DelayedScaling: amax_history_len must be >= 1, got {self.amax_history_len}")
+        if self.margin < 0:
+            raise ValueError(f"DelayedScaling: margin must be >= 0, got {self.margin}")
+        if self.fp8_format not in _FORMATS:
+            raise ValueError(f"DelayedScaling: fp8_format must be one of {sorted(_FORMATS)}, got {self.fp8_format!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicScaling:
+    """Dynamic scaling, no state: every tensor quantized with the multiplier of its own amax, per tensor
+    (granularity "tensor") or, for the forward GEMM's input and weight, per row ("row"; the backward then uses
+    per-tensor scales, and both forward operands are e4m3)."""
+    granularity: str = "tensor"
+    fp8_format: str = "hybrid"
+
+    def __post_init__(self):
+        if self.granularity not in ("tensor", "row"):
+            raise ValueError(f"DynamicScaling: granularity must be 'tensor' or 'row', got {self.granularity!r}")
+        if self.fp8_format not in _FORMATS:
+            raise ValueError(f"DynamicScaling: fp8_format must be one of {sorted(_FORMATS)}, got {self.fp8_format!r}")
+
+
+class _History:
+    """One tensor role's amax ring (float32 [len], on the tensor's device) and the multiplier it implies."""
+
+    def __init__(self, length: int, device):
+        self.ring = torch.zeros(length, dtype=torch.float32, device=device)
+        self.pos = 0
+        self.steps = 0
+
+    def scale(self, fp8_max: float, margin: int) -> torch.Tensor | None:
+        """The multiplier from the ring, or None before the first step (quantize dynamically then)."""
+        if self.steps == 0:
+            return None
+        amax = self.ring.amax()
+        mul, _ = scale_from_amax_torch(amax.reshape(1), fp8_max, False)
+        return mul / (2.0 ** margin)
+
+    def fold(self, amax: torch.Tensor) -> None:
+        """The ring fold: this step's amax into the slot after the last one (no host sync)."""
+        self.ring[self.pos] = amax.reshape(())
+        self.pos = (self.pos + 1) % self.ring.numel()
+        self.steps += 1
+
+
+def _quantize_both(t: torch.Tensor, dtype: torch.dtype, recipe, history: _History | None):
+    """(q [M, N], q_t [N, M], scale_inv) per tensor; the delayed recipe folds this step's amax."""
+    fp8_max = FP8_MAX[dtype]
+    mul = history.scale(fp8_max, recipe.margin) if history is not None else None
+    if mul is None:
+        q, q_t, inv = quantize_fp8_dynamic(t, dtype, granularity="tensor", layout="dual")
+        if history is not None:
+            history.fold(t.detach().abs().amax().float())
+        return q, q_t, inv.reshape(())
+    q, q_t, amax = quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
+    history.fold(amax)
+    return q, q_t, (1.0 / mul).reshape(())
+
+
+class _Fp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias, recipe, state):
+        fwd, bwd = _FORMATS[recipe.fp8_format]
+        # _scaled_mm: row-wise scales need a bf16 output, and no bias with a float32 output.
+        mm_bias = bias if x2.dtype != torch.float32 else None
+        if isinstance(recipe, DynamicScaling) and recipe.granularity == "row" and x2.dtype == torch.bfloat16:
+            xq, _, sx = quantize_fp8_dynamic(x2, torch.float8_e4m3fn, granularity="row")
+            wq, _, sw = quantize_fp8_dynamic(weight, torch.float8_e4m3fn, granularity="row")
+            out = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.reshape(1, -1), bias=mm_bias,
+                                   out_dtype=x2.dtype)
+            x_t = w_t = sx_t = sw_t = None
+            ctx.save_for_backward(x2, weight)
+            ctx.rowwise = True
+        else:
+            hist = state if isinstance(recipe, DelayedScaling) else None
+            xq, x_t, sx_t = _quantize_both(x2, fwd, recipe, hist["x"] if hist else None)
+            wq, w_t, sw_t = _quantize_both(weight, fwd, recipe, hist["w"] if hist else None)
+            out = torch._scaled_mm(xq, wq.t(), scale_a=sx_t, scale_b=sw_t, bias=mm_bias, out_dtype=x2.dtype)
+            ctx.save_for_backward(x_t, w_t, sx_t, sw_t)
+            ctx.rowwise = False
+        if bias is not None and mm_bias is None:
+            out = out + bias
+        ctx.recipe, ctx.state, ctx.bwd, ctx.has_bias, ctx.out_dtype = recipe, state, bwd, bias is not None, x2.dtype
+        ctx.x_dtype, ctx.w_dtype = x2.dtype, weight.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        recipe, bwd = ctx.recipe, ctx.bwd
+        grad = grad.contiguous()
+        if ctx.rowwise:
+            x2, weight = ctx.saved_tensors
+            _, x_t, sx_t = _quantize_both(x2, torch.float8_e4m3fn, recipe, None)
+            _, w_t, sw_t = _quantize_both(weight, torch.float8_e4m3fn, recipe, None)
+        else:
+            x_t, w_t, sx_t, sw_t = ctx.saved_tensors
+        hist = ctx.state["g"] if isinstance(recipe, DelayedScaling) else None
+        gq, g_t, sg = _quantize_both(grad, bwd, recipe, hist)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # [M, N] @ [N, K]: W^T's rows are W's columns
+            grad_x = torch._scaled_mm(gq, w_t.t(), scale_a=sg, scale_b=sw_t, out_dtype=ctx.x_dtype)
+        if ctx.needs_input_grad[1]:  # [N, M] @ [M, K]
+            grad_w = torch._scaled_mm(g_t, x_t.t(), scale_a=sg, scale_b=sx_t, out_dtype=ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum(0).to(ctx.out_dtype)
+        return grad_x, grad_w, grad_b, None, None
+
+
+class _Fp8LinearMode(TorchFunctionMode):
+    def __init__(self, recipe, devices):
+        super().__init__()
+        self.recipe = recipe
+        self.devices = devices
+        # id(weight) -> (weakref to weight, {"x", "w", "g"} histories) for delayed scaling. Keyed by id, not by
+        # the tensor: a tensor's == is elementwise. A dead or reused id starts a fresh state.
+        self.states: dict[int, tuple] = {}
+
+    def _routable(self, x, weight, bias) -> bool:
+        if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+            return False
+        if x.device.type not in self.devices or weight.device != x.device or weight.dim() != 2 or x.dim() < 1:
+            return False
+        if x.dtype not in _IN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+            return False
+        n, k = weight.shape
+        m = x.numel() // max(k, 1)
+        return x.shape[-1] == k and k % 16 == 0 and n % 16 == 0 and m % 16 == 0 and m > 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            x = args[0] if args else kwargs.get("input")
+            weight = args[1] if len(args) > 1 else kwargs.get("weight")
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if self._routable(x, weight, bias):
+                state = None
+                if isinstance(self.recipe, DelayedScaling):
+                    entry = self.states.get(id(weight))
+                    if entry is None or entry[0]() is not weight:
+                        n = self.recipe.amax_history_len
+                        entry = (weakref.ref(weight), {r: _History(n, x.device) for r in ("x", "w", "g")})
+                        self.states[id(weight)] = entry
+                    state = entry[1]
+                x2 = x.reshape(-1, x.shape[-1])
+                out = _Fp8Linear.apply(x2, weight, bias, self.recipe, state)
+                return out.reshape(*x.shape[:-1], weight.shape[0])
+        return func(*args, **kwargs)
+
+
+_local = threading.local()
+
+
+class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
+    """Route `torch.nn.functional.linear` (nn.Linear) through fp8 quantization and `torch._scaled_mm`,
+    forward and backward, inside the context.
+
+    Parameters
+    ----------
+    enabled : bool
+        False makes the context a no-op.
+    recipe : DelayedScaling or DynamicScaling, optional
+        Default `DelayedScaling()`. Delayed-scaling histories live in the context object and are keyed by the
+        weight tensor: reuse one `fp8_autocast` object across steps to keep them.
+    devices : tuple of str
+        Device types routed, default ("cuda",). Calls on other devices, and calls whose M, N or K is not a
+        multiple of 16, run the plain linear.
+
+    Example
+    -------
+    >>> ctx = fp8_autocast(recipe=DelayedScaling(amax_history_len=16))
+    >>> for batch in data:
+    ...     with ctx:
+    ...         loss = model(batch).float().pow(2).mean()
+    ...     loss.backward()
+    """
+
+    def __init__(self, enabled: bool = True, recipe=None, devices: tuple[str, ...] = ("cuda",)):
+        recipe = DelayedScaling() if recipe is None else recipe
+        if not isinstance(recipe, (DelayedScaling, DynamicScaling)):
+            raise ValueError(f"fp8_autocast: recipe must be DelayedScaling or DynamicScaling, got {type(recipe).__name__}")
+        self.enabled = enabled
+        self.recipe = recipe
+        self._mode = _Fp8LinearMode(recipe, tuple(devices))
+        self._entered = 0
+
+    def __enter__(self):
+        if self.enabled:
+            self._mode.__enter__()
+            self._entered += 1
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled and self._entered:
+            self._entered -= 1
+            self._mode.__exit__(*exc)
+        return False

@@ -1,0 +1,239 @@
+"""Benchmark gate (tier 4): compare each case's ratio to its anchor with the stored per-GPU baseline.
+
+    python ci/bench_gate.py RUN.json [--baseline-dir benchmarks/baselines/<gpu>] [--threshold 0.05]
+                            [--report OUT.json] [--strict] [--update-baseline]
+
+RUN.json is pytest-benchmark's JSON (nox -s bench: each case's extra_info holds case, ratio, spread, ...) or
+a legacy `bench_rotary.py --json` file. The ratio is anchor time / kernel time (higher is better), measured
+in one run, so it travels between machines and clocks better than absolute times.
+
+Verdict per case, with t the threshold (default 5%, or the case's own `threshold` in the baseline) and
+noise = max(run spread, baseline spread), spread being (max - min) / median of the ratios of repeated runs:
+    FAIL          the ratio fell by more than t and by more than the noise
+    inconclusive  the noise exceeds t, so a regression of t could not be seen (or the fall is within noise)
+    pass          otherwise (an improvement beyond t is `pass (improved)`: update the baseline on purpose)
+    new / missing a case without a baseline / a baseline case this run did not measure
+Exit status 1 on any FAIL, on a missing case (unless --allow-missing), on a run with no case at all, and on
+inconclusive cases with --strict. --update-baseline writes this run's
+cases into the baseline directory (one file per family), keeping per-case thresholds; it is never implicit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_THRESHOLD = 0.05
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'NVIDIA GeForce RTX 4090' -> 'geforce-rtx-4090'."""
+    name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.I)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+def legacy_case_id(row: dict) -> str:
+    return f"rotary.qk[T={row['tokens']},{row['pairing']},{row['mode']}]"
+
+
+def _legacy_cases(data: dict) -> dict[str, dict]:
+    cases = {}
+    for row in data["rows"]:
+        ratio = row["torch_us"] / row["kernel_us"]
+        cases[legacy_case_id(row)] = {
+            "family": "rotary", "kernel_us": row["kernel_us"], "anchor": "torch path", "anchor_us": row["torch_us"],
+            "ratio": ratio, "ratios": [ratio], "spread": None, "ceiling": "copy", "ceiling_us": row["copy_us"],
+            "tbps": row["kernel_gbps"] / 1e3, "fraction_of_ceiling": row["fraction_of_copy"], "repeats": 1}
+    return cases
+
+
+def load_run(path: Path) -> dict:
+    """{"gpu", "date", "commit", "environment", "cases": {case: record}} from either JSON format."""
+    data = json.loads(Path(path).read_text())
+    if "benchmarks" in data:  # pytest-benchmark
+        machine = data.get("machine_info", {})
+        env = machine.get("astrai") or {}
+        cases = {}
+        for bench in data["benchmarks"]:
+            info = dict(bench.get("extra_info") or {})
+            if "case" not in info or "ratio" not in info:
+                continue
+            info["host_eager_median_s"] = (bench.get("stats") or {}).get("median")
+            cases[info.pop("case")] = info
+        commit = data.get("commit_info", {})
+        return {"gpu": (env.get("gpu") or {}).get("name") or "unknown", "date": data.get("datetime") or env.get("date"),
+                "commit": (commit.get("id") or "")[:12] or (env.get("image") or {}).get("git_revision"),
+                "environment": env, "cases": cases, "source": str(path)}
+    if "rows" in data:  # legacy bench_rotary.py --json
+        env = data.get("environment", {})
+        return {"gpu": (env.get("gpu") or {}).get("name") or "unknown", "date": env.get("date"),
+                "commit": (env.get("image") or {}).get("git_revision"), "environment": env,
+                "cases": _legacy_cases(data), "source": str(path)}
+    if "cases" in data:  # already normalized (benchmark history)
+        return data
+    raise ValueError(f"{path}: neither pytest-benchmark JSON nor bench_rotary JSON")
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """Several runs of the same cases: ratios pooled, spread over all of them."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = dict(runs[0], cases={})
+    for case in {c for r in runs for c in r["cases"]}:
+        records = [r["cases"][case] for r in runs if case in r["cases"]]
+        ratios = [x for rec in records for x in (rec.get("ratios") or [rec["ratio"]])]
+        median = statistics.median(ratios)
+        merged["cases"][case] = dict(records[-1], ratio=median, ratios=ratios,
+                                     spread=(max(ratios) - min(ratios)) / median if len(ratios) > 1 else None)
+    return merged
+
+
+def load_baseline(directory: Path) -> dict[str, dict]:
+    cases: dict[str, dict] = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        for case, rec in data.get("cases", {}).items():
+            cases[case] = dict(rec, _file=path.name)
+    return cases
+
+
+def judge(case: str, run: dict | None, base: dict | None, threshold: float) -> dict:
+    row = {"case": case, "verdict": "", "change": None, "noise": None, "threshold": threshold,
+           "ratio": None if run is None else run["ratio"], "baseline": None if base is None else base["ratio"]}
+    if base is None:
+        row["verdict"] = "new"
+        return row
+    if run is None:
+        row["verdict"] = "missing"
+        return row
+    t = float(base.get("threshold") or threshold)
+    change = run["ratio"] / base["ratio"] - 1.0
+    noise = max(run.get("spread") or 0.0, base.get("spread") or 0.0)
+    row.update(change=change, noise=noise, threshold=t)
+    if change < -t and -change > noise:
+        row["verdict"] = "FAIL"
+    elif noise > t or change < -t:
+        row["verdict"] = "inconclusive"
+    elif change > t:
+        row["verdict"] = "pass (improved)"
+    else:
+        row["verdict"] = "pass"
+    return row
+
+
+def gate(run: dict, baseline: dict[str, dict], threshold: float) -> list[dict]:
+    cases = sorted(set(run["cases"]) | set(baseline))
+    rows = [judge(c, run["cases"].get(c), baseline.get(c), threshold) for c in cases]
+    order = {"FAIL": 0, "inconclusive": 1, "missing": 2, "new": 3}
+    return sorted(rows, key=lambda r: (order.get(r["verdict"], 4), r["change"] if r["change"] is not None else 0))
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    keys = ("pass", "FAIL", "inconclusive", "new", "missing")
+    return {k: sum(r["verdict"].split(" ")[0] == k for r in rows) for k in keys}
+
+
+def format_table(rows: list[dict]) -> str:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:+.1f}%"
+    lines = [f"{'case':<44} {'ratio':>8} {'baseline':>8} {'change':>8} {'noise':>7} {'limit':>6}  verdict"]
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        base = "-" if r["baseline"] is None else f"{r['baseline']:.3f}"
+        noise = "-" if r["noise"] is None else f"{100 * r['noise']:.1f}%"
+        lines.append(f"{r['case']:<44} {ratio:>8} {base:>8} {pct(r['change']):>8} {noise:>7} "
+                     f"{100 * r['threshold']:>5.1f}%  {r['verdict']}")
+    return "\n".join(lines)
+
+
+def update_baseline(run: dict, directory: Path, note: str) -> list[Path]:
+    """Write the run's cases into <directory>/<family>.json, keeping each case's threshold override."""
+    directory.mkdir(parents=True, exist_ok=True)
+    by_family: dict[str, dict] = {}
+    for case, rec in run["cases"].items():
+        by_family.setdefault(case.split(".")[0], {})[case] = rec
+    written = []
+    for family, cases in sorted(by_family.items()):
+        path = directory / f"{family}.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        old_cases = old.get("cases", {})
+        out_cases = {}
+        for case, rec in sorted(cases.items()):
+            entry = {k: rec.get(k) for k in ("ratio", "spread", "ratios", "kernel_us", "anchor", "anchor_us",
+                                             "fraction_of_ceiling", "tbps") if rec.get(k) is not None}
+            if (old_cases.get(case) or {}).get("threshold") is not None:
+                entry["threshold"] = old_cases[case]["threshold"]
+            out_cases[case] = entry
+        data = {"gpu": run["gpu"], "date": run.get("date"), "commit": run.get("commit"),
+                "source": run.get("source"), "note": note,
+                "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "cases": out_cases}
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        written.append(path)
+    return written
+
+
+def record_history(run: dict, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = (run.get("date") or "undated")[:10]
+    path = directory / f"{stamp}_{run.get('commit') or 'unknown'}.json"
+    path.write_text(json.dumps(run, indent=2) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="benchmark JSON files of one GPU (pooled)")
+    parser.add_argument("--baseline-dir", type=Path, default=None,
+                        help="default benchmarks/baselines/<gpu slug of the run>")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    parser.add_argument("--report", type=Path, help="write the verdicts as JSON here")
+    parser.add_argument("--strict", action="store_true", help="inconclusive cases fail too")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="baseline cases this run did not measure do not fail (a partial run)")
+    parser.add_argument("--update-baseline", action="store_true", help="write this run as the new baseline")
+    parser.add_argument("--note", default="", help="with --update-baseline: where the run came from")
+    parser.add_argument("--record-history", type=Path, metavar="DIR",
+                        help="also store the normalized run as DIR/<date>_<commit>.json (the dashboard's input)")
+    args = parser.parse_args(argv)
+
+    missing = [str(p) for p in args.runs if not p.exists()]
+    if missing:
+        print(f"bench-gate: no such benchmark JSON: {', '.join(missing)} (nox -s bench / ci/gpu_run.sh bench "
+              "writes gpu-out/bench.json)", file=sys.stderr)
+        return 2
+    run = merge_runs([load_run(p) for p in args.runs])
+    directory = args.baseline_dir or ROOT / "benchmarks" / "baselines" / gpu_slug(run["gpu"])
+    if args.record_history:
+        print(f"bench-gate: recorded {record_history(run, args.record_history)}")
+    if args.update_baseline:
+        for path in update_baseline(run, directory, args.note or f"from {', '.join(map(str, args.runs))}"):
+            print(f"bench-gate: wrote baseline {path}")
+        return 0
+    baseline = load_baseline(directory)
+    if not baseline:
+        print(f"bench-gate: no baseline in {directory} for {run['gpu']}: record one with --update-baseline",
+              file=sys.stderr)
+    rows = gate(run, baseline, args.threshold)
+    summary = counts(rows)
+    print(f"bench-gate: {run['gpu']}, run {run.get('date')} ({run.get('commit')}) vs {directory}")
+    print(format_table(rows))
+    print("bench-gate: " + ", ".join(f"{n} {k}" for k, n in summary.items()))
+    if not run["cases"]:
+        print("bench-gate: the run holds no benchmark case (did every benchmark skip?)", file=sys.stderr)
+    failed = (summary["FAIL"] > 0 or not baseline or not run["cases"]
+              or (summary["missing"] and not args.allow_missing) or (args.strict and summary["inconclusive"]))
+    if args.report:
+        args.report.write_text(json.dumps({"gpu": run["gpu"], "baseline_dir": str(directory), "passed": not failed,
+                                           "counts": summary, "rows": rows}, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+// Stable-ABI registration of the attention ops: validate, plan the KV splits, allocate the workspace,
+// pack DecodeParams / AppendParams, launch on the current stream.
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include "bindings/stable_helpers.h"
+#include "kernels/attention/attention.h"
+
+namespace astrai {
+namespace {
+
+using binding::check;
+using binding::fail;
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+constexpr const char* kOpDecode = "astrai.attn_decode";
+constexpr const char* kOpPagedDecode = "astrai.attn_paged_decode";
+constexpr const char* kOpAppend = "astrai.paged_kv_append";
+
+bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15u) == 0; }
+
+// The stride of a size-1 axis is never used; zero keeps an odd value from failing the 16-byte rule.
+int64_t stride_of(const Tensor& t, int64_t d) { return t.size(d) == 1 ? int64_t(0) : t.stride(d); }
+
+// bf16, last-dim stride 1, every other used stride a multiple of 8 elements and a 16-byte aligned base:
+// the kernels move 16-byte runs.
+void check_vec_layout(const char* op, const char* name, const Tensor& t) {
+  binding::check_strides(op, name, t);
+  if (t.numel() == 0) return;
+  bool ok = aligned16(t);
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && stride_of(t, d) % 8 == 0;
+  check(ok, op, name, " must be 16-byte aligned with strides (except the last) that are multiples of 8 ",
+        "elements, got strides ", binding::strides_str(t), " (call .contiguous())");
+}
+
+void check_int32_vector(const char* op, const char* name, const Tensor& t, int64_t size, const char* what) {
+  binding::check_dtype(op, name, t, ScalarType::Int);
+  binding::check_rank(op, name, t, 1, what);
+  check(t.size(0) == size, op, name, " must have ", size, " elements ", what, ", got ", t.size(0));
+  check(t.size(0) <= 1 || t.stride(0) == 1, op, name, " must be contiguous, got strides ", binding::strides_str(t));
+  binding::check_element_aligned(op, name, t);
+}
+
+int32_t log2_exact(int64_t v) {
+  int32_t l = 0;
+  while ((int64_t(1) << l) < v) ++l;
+  return (int64_t(1) << l) == v ? l : -1;
+}
+
+int sm_count(int32_t device_index) {
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) return 1;
+  return count;
+}
+
+struct DecodeArgs {
+  const Tensor& q;
+  const Tensor& k;
+  const Tensor& v;
+  const std::optional<Tensor>& page_table;  // set: paged
+  const std::optional<Tensor>& kv_lens;
+  const std::optional<Tensor>& mask;
+  double scale;
+  int64_t kv_split_size;
+};
+
+std::string config_str(const DecodeParams& p, int32_t device_index) {
+  std::ostringstream s;
+  s << (p.paged ? "attn_paged_decode_bf16" : "attn_decode_bf16") << " (B=" << p.batch << ", Hq=" << p.num_q_heads
+    << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim << ", max_kv_len=" << p.max_kv_len;
+  if (p.paged) s << ", page_size=" << (1 << p.page_size_log2) << ", num_pages=" << p.num_pages;
+  s << ", splits=" << p.num_splits << "x" << p.split_len << ", mask=" << (p.mask_ptr ? "yes" : "no")
+    << ", device=cuda:" << device_index << ")";
+  return s.str();
+}
+
+// Validates every argument (the device last, so that a CPU call reports shape errors first) and packs the
+// inputs; output, workspace and the split plan are the caller's.
+DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
+  const bool paged = a.page_table.has_value();
+  const char* kname = paged ? "k_cache" : "k";
+  const char* vname = paged ? "v_cache" : "v";
+  const char* kv_layout = paged ? "[num_pages, page_size, Hkv, D]" : "[B, L, Hkv, D]";
+  binding::check_dtype(op, "q", a.q, ScalarType::BFloat16);
+  binding::check_dtype(op, kname, a.k, ScalarType::BFloat16);
+  binding::check_dtype(op, vname, a.v, ScalarType::BFloat16);
+  binding::check_rank(op, "q", a.q, 3, "[B, Hq, D]");   // q: (B, Hq, D)
+  binding::check_rank(op, kname, a.k, 4, kv_layout);      // k: (B, L, Hkv, D) or (P, page_size, Hkv, D)
+  binding::check_rank(op, vname, a.v, 4, kv_layout);      // v: like k
+  const int64_t batch = a.q.size(0), hq = a.q.size(1), d = a.q.size(2);
+  const int64_t hkv = a.k.size(2);
+  check(d == 64 || d == 128 || d == 256, op, "head_dim (q.size(2)) must be 64, 128 or 256, got ", d);
+  check(a.k.size(3) == d, op, kname, ".size(3) must equal head_dim = q.size(2) = ", d, ", got ", a.k.size(3));
+  check(a.v.sizes().equals(a.k.sizes()), op, vname, " must have the shape of ", kname, " ",
+        binding::shape_str(a.k), ", got ", binding::shape_str(a.v));
+  check(hkv >= 1 && hq >= 1 && hq % hkv == 0, op, "q heads (q.size(1) = ", hq, ") must be a positive multiple of ",
+        "kv heads (", kname, ".size(2) = ", hkv, ")");
+  check(batch <= 65535, op, "batch (q.size(0)) must be at most 65535, got ", batch);
+  int64_t max_kv_len = 0, num_pages = 0, page_size = 0;
+  if (paged) {
+    const Tensor& pt = *a.page_table;
+    num_pages = a.k.size(0);
+    page_size = a.k.size(1);
+    check(page_size >= 1 && page_size <= 128 && log2_exact(page_size) >= 0, op,
+          "page_size (k_cache.size(1)) must be a power of two in [1, 128], got ", page_size);
+    binding::check_dtype(op, "page_table", pt, ScalarType::Int);
+    binding::check_rank(op, "page_table", pt, 2, "[B, max_pages]");  // page_table: (B, max_pages)
+    check(pt.size(0) == batch, op, "page_table.size(0) must equal the batch q.size(0) = ", batch, ", got ",
+          pt.size(0));
+    check(pt.size(1) <= 1 || pt.stride(1) == 1, op, "page_table must have stride 1 in its last dimension, got ",
+          binding::strides_str(pt));
+    check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_str(pt));
+    check(num_pages <= INT32_MAX, op, "k_cache.size(0) (pages) must fit in int32, got ", num_pages);
+    max_kv_len = pt.size(1) * page_size;
+    check(a.kv_lens.has_value(), op, "kv_lens is required for the paged cache");
+  } else {
+    max_kv_len = a.k.size(1);
+    check(a.k.size(0) == batch, op, "k.size(0) must equal the batch q.size(0) = ", batch, ", got ", a.k.size(0));
+  }
+  check(max_kv_len <= INT32_MAX - 1024, op, "keys per sequence must fit in int32, got ", max_kv_len);
+  if (a.kv_lens) {
+    check_int32_vector(op, "kv_lens", *a.kv_lens, batch, "[B]");  // kv_lens: (B,)
+  }
+  if (a.mask) {
+    const Tensor& m = *a.mask;
+    binding::check_dtype(op, "mask", m, ScalarType::Bool);
+    binding::check_rank(op, "mask", m, 2, "[B, kv_len]");  // mask: (B, kv_len)
+    check(m.size(0) == batch, op, "mask.size(0) must equal the batch q.size(0) = ", batch, ", got ", m.size(0));
+    if (!paged) {
+      check(m.size(1) == max_kv_len, op, "mask.size(1) must equal the keys per sequence k.size(1) = ", max_kv_len,
+            ", got ", m.size(1));
+    }
+    check(m.size(1) <= INT32_MAX, op, "mask.size(1) must fit in int32, got ", m.size(1));
+    check(m.size(1) <= 1 || m.stride(1) == 1, op, "mask must have stride 1 in its last dimension, got ",
+          binding::strides_str(m));
+    check(m.stride(0) >= 0, op, "mask must have non-negative strides, got ", binding::strides_str(m));
+  }
+  check(std::isfinite(a.scale) && a.scale != 0.0, op, "scale must be finite and non-zero, got ", a.scale);
+  check(a.kv_split_size >= 0, op, "kv_split_size must be >= 0 (0: automatic), got ", a.kv_split_size);
+  check_vec_layout(op, "q", a.q);
+  check_vec_layout(op, kname, a.k);
+  check_vec_layout(op, vname, a.v);
+
+  binding::check_cuda_device(op, "q", a.q);
+  binding::check_same_device(op, kname, a.k, "q", a.q);
+  binding::check_same_device(op, vname, a.v, "q", a.q);
+  if (paged) binding::check_same_device(op, "page_table", *a.page_table, "q", a.q);
+  if (a.kv_lens) binding::check_same_device(op, "kv_lens", *a.kv_lens, "q", a.q);
+  if (a.mask) binding::check_same_device(op, "mask", *a.mask, "q", a.q);
+
+  DecodeParams p{};
+  p.q_ptr = a.q.data_ptr();
+  p.k_ptr = a.k.data_ptr();
+  p.v_ptr = a.v.data_ptr();
+  p.q_batch_stride = stride_of(a.q, 0);
+  p.q_head_stride = stride_of(a.q, 1);
+  p.k_batch_stride = stride_of(a.k, 0);
+  p.k_seq_stride = stride_of(a.k, 1);
+  p.k_head_stride = stride_of(a.k, 2);
+  p.v_batch_stride = stride_of(a.v, 0);
+  p.v_seq_stride = stride_of(a.v, 1);
+  p.v_head_stride = stride_of(a.v, 2);
+  if (paged) {
+    p.page_table_ptr = static_cast<const int32_t*>(a.page_table->data_ptr());
+    p.page_table_batch_stride = stride_of(*a.page_table, 0);
+    p.num_pages = int32_t(num_pages);
+    p.page_size_log2 = log2_exact(page_size);
+  }
+  if (a.kv_lens) p.kv_lens_ptr = static_cast<const int32_t*>(a.kv_lens->data_ptr());
+  if (a.mask) {
+    p.mask_ptr = static_cast<const uint8_t*>(a.mask->data_ptr());
+    p.mask_batch_stride = stride_of(*a.mask, 0);
+    p.mask_len = int32_t(a.mask->size(1));
+  }
+  p.batch = int32_t(batch);
+  p.num_q_heads = int32_t(hq);
+  p.num_kv_heads = int32_t(hkv);
+  p.head_dim = int32_t(d);
+  p.max_kv_len = int32_t(max_kv_len);
+  p.scale_log2 = float(a.scale * 1.4426950408889634);
+  p.paged = paged;
+  return p;
+}
+
+Tensor decode(const char* op, const DecodeArgs& a) {
+  DecodeParams p = make_decode_params(op, a);
+  const int32_t device = a.q.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  Tensor out = torch::stable::new_empty(a.q, {a.q.size(0), a.q.size(1), a.q.size(2)});
+  if (p.batch == 0) return out;
+  const DecodePlan plan = attn_decode_plan(p.batch, p.num_kv_heads, p.num_q_heads / p.num_kv_heads, p.max_kv_len,
+                                           sm_count(device), a.kv_split_size);
+  p.num_splits = plan.num_splits;
+  p.split_len = plan.split_len;
+  p.out_ptr = out.data_ptr();
+  p.out_batch_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  // Workspace: its size depends on shapes only, so graph capture records one fixed allocation.
+  std::optional<Tensor> partial_o, partial_lse;
+  if (p.num_splits > 1) {
+    partial_o = torch::stable::new_empty(a.q, {p.num_splits, p.batch, p.num_q_heads, p.head_dim}, ScalarType::Float);
+    partial_lse = torch::stable::new_empty(a.q, {p.num_splits, p.batch, p.num_q_heads}, ScalarType::Float);
+    p.partial_o_ptr = static_cast<float*>(partial_o->data_ptr());
+    p.partial_lse_ptr = static_cast<float*>(partial_lse->data_ptr());
+  }
+  const cudaStream_t stream = binding::current_cuda_stream(op, device);
+  binding::check_cuda_status(attn_decode_bf16_launch(p, stream), op, config_str(p, device));
+  return out;
+}
+
+Tensor attn_decode_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& kv_lens,
+                        const std::optional<Tensor>& mask, double scale, int64_t kv_split_size) {
+  const std::optional<Tensor> no_table;
+  return decode(kOpDecode, DecodeArgs{q, k, v, no_table, kv_lens, mask, scale, kv_split_size});
+}
+
+Tensor attn_paged_decode_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const Tensor& page_table, const Tensor& kv_lens, const std::optional<Tensor>& mask,
+                              double scale, int64_t kv_split_size) {
+  const std::optional<Tensor> table(page_table), lens(kv_lens);
+  return decode(kOpPagedDecode, DecodeArgs{q, k_cache, v_cache, table, lens, mask, scale, kv_split_size});
+}
+
+Tensor attn_decode_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& kv_lens,
+                       const std::optional<Tensor>& mask, double scale, int64_t kv_split_size) {
+  const std::optional<Tensor> no_table;
+  make_decode_params(kOpDecode, DecodeArgs{q, k, v, no_table, kv_lens, mask, scale, kv_split_size});
+  fail(kOpDecode, "q must be a CUDA tensor, got ", binding::device_name(q));
+}
+
+Tensor attn_paged_decode_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& page_table,
+                             const Tensor& kv_lens, const std::optional<Tensor>& mask, double scale,
+                             int64_t kv_split_size) {
+  const std::optional<Tensor> table(page_table), lens(kv_lens);
+  make_decode_params(kOpPagedDecode, DecodeArgs{q, k_cache, v_cache, table, lens, mask, scale, kv_split_size});
+  fail(kOpPagedDecode, "q must be a CUDA tensor, got ", binding::device_name(q));
+}
+
+// ---- paged_kv_append ------------------------------------------------------------------------------
+
+AppendParams make_append_params(const Tensor& k_cache, const Tensor& v_cache, const Tensor& k_new,
+                                const Tensor& v_new, const Tensor& page_table, const Tensor& seq_ids,
+                                const Tensor& positions) {
+  const char* op = kOpAppend;
+  binding::check_dtype(op, "k_cache", k_cache, ScalarType::BFloat16);
+  binding::check_dtype(op, "v_cache", v_cache, ScalarType::BFloat16);
+  binding::check_dtype(op, "k_new", k_new, ScalarType::BFloat16);
+  binding::check_dtype(op, "v_new", v_new, ScalarType::BFloat16);
+  binding::check_rank(op, "k_cache", k_cache, 4, "[num_pages, page_size, Hkv, D]");  // (P, page_size, Hkv, D)
+  binding::check_rank(op, "v_cache", v_cache, 4, "[num_pages, page_size, Hkv, D]");
+  binding::check_rank(op, "k_new", k_new, 3, "[N, Hkv, D]");                         // k_new: (N, Hkv, D)
+  binding::check_rank(op, "v_new", v_new, 3, "[N, Hkv, D]");
+  check(v_cache.sizes().equals(k_cache.sizes()), op, "v_cache must have the shape of k_cache ",
+        binding::shape_str(k_cache), ", got ", binding::shape_str(v_cache));
+  const int64_t n = k_new.size(0), hkv = k_cache.size(2), d = k_cache.size(3), page_size = k_cache.size(1);
+  check(page_size >= 1 && page_size <= 128 && log2_exact(page_size) >= 0, op,
+        "page_size (k_cache.size(1)) must be a power of two in [1, 128], got ", page_size);
+  check(d % 8 == 0 && d > 0, op, "head_dim (k_cache.size(3)) must be a positive multiple of 8, got ", d);
+  check(k_new.size(1) == hkv && k_new.size(2) == d, op, "k_new must be [N, ", hkv, ", ", d,
+        "] to match k_cache, got ", binding::shape_str(k_new));
+  check(v_new.sizes().equals(k_new.sizes()), op, "v_new must have the shape of k_new ", binding::shape_str(k_new),
+        ", got ", binding::shape_str(v_new));
+  binding::check_dtype(op, "page_table", page_table, ScalarType::Int);
+  binding::check_rank(op, "page_table", page_table, 2, "[B, max_pages]");
+  check(page_table.size(1) <= 1 || page_table.stride(1) == 1, op,
+        "page_table must have stride 1 in its last dimension, got ", binding::strides_str(page_table));
+  check(page_table.stride(0) >= 0, op, "page_table must have non-negative strides");
+  check(page_table.size(0) <= INT32_MAX && page_table.size(1) <= INT32_MAX && k_cache.size(0) <= INT32_MAX, op,
+        "page_table and page counts must fit in int32");
+  check_int32_vector(op, "seq_ids", seq_ids, n, "[N]");
+  check_int32_vector(op, "positions", positions, n, "[N]");
+  check_vec_layout(op, "k_cache", k_cache);
+  check_vec_layout(op, "v_cache", v_cache);
+  check_vec_layout(op, "k_new", k_new);
+  check_vec_layout(op, "v_new", v_new);
+  check(binding::strides_non_overlapping(k_cache) && binding::strides_non_overlapping(v_cache), op,
+        "k_cache and v_cache are written in place and must not have overlapping elements");
+
+  binding::check_cuda_device(op, "k_cache", k_cache);
+  binding::check_same_device(op, "v_cache", v_cache, "k_cache", k_cache);
+  binding::check_same_device(op, "k_new", k_new, "k_cache", k_cache);
+  binding::check_same_device(op, "v_new", v_new, "k_cache", k_cache);
+  binding::check_same_device(op, "page_table", page_table, "k_cache", k_cache);
+  binding::check_same_device(op, "seq_ids", seq_ids, "k_cache", k_cache);
+  binding::check_same_device(op, "positions", positions, "k_cache", k_cache);
+
+  AppendParams p{};
+  p.k_cache_ptr = k_cache.data_ptr();
+  p.v_cache_ptr = v_cache.data_ptr();
+  p.k_new_ptr = k_new.data_ptr();
+  p.v_new_ptr = v_new.data_ptr();
+  p.page_table_ptr = static_cast<const int32_t*>(page_table.data_ptr());
+  p.seq_ids_ptr = static_cast<const int32_t*>(seq_ids.data_ptr());
+  p.positions_ptr = static_cast<const int32_t*>(positions.data_ptr());
+  p.k_cache_page_stride = stride_of(k_cache, 0);
+  p.k_cache_seq_stride = stride_of(k_cache, 1);
+  p.k_cache_head_stride = stride_of(k_cache, 2);
+  p.v_cache_page_stride = stride_of(v_cache, 0);
+  p.v_cache_seq_stride = stride_of(v_cache, 1);
+  p.v_cache_head_stride = stride_of(v_cache, 2);
+  p.k_new_token_stride = stride_of(k_new, 0);
+  p.k_new_head_stride = stride_of(k_new, 1);
+  p.v_new_token_stride = stride_of(v_new, 0);
+  p.v_new_head_stride = stride_of(v_new, 1);
+  p.page_table_batch_stride = stride_of(page_table, 0);
+  p.seq_ids_stride = 1;
+  p.positions_stride = 1;
+  p.num_tokens = n;
+  p.batch = int32_t(page_table.size(0));
+  p.max_pages = int32_t(page_table.size(1));
+  p.num_pages = int32_t(k_cache.size(0));
+  p.page_size_log2 = log2_exact(page_size);
+  p.num_kv_heads = int32_t(hkv);
+  p.head_dim = int32_t(d);
+  return p;
+}
+
+void paged_kv_append_cuda(const Tensor& k_cache, const Tensor& v_cache, const Tensor& k_new, const Tensor& v_new,
+                          const Tensor& page_table, const Tensor& seq_ids, const Tensor& positions) {
+  const AppendParams p = make_append_params(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions);
+  if (p.num_tokens == 0) return;
+  const int32_t device = k_cache.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  const cudaStream_t stream = binding::current_cuda_stream(kOpAppend, device);
+  std::ostringstream config;
+  config << "paged_kv_append_bf16 (N=" << p.num_tokens << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim
+         << ", page_size=" << (1 << p.page_size_log2) << ", device=cuda:" << device << ")";
+  binding::check_cuda_status(paged_kv_append_bf16_launch(p, stream), kOpAppend, config.str());
+}
+
+void paged_kv_append_cpu(const Tensor& k_cache, const Tensor& v_cache, const Tensor& k_new, const Tensor& v_new,
+                         const Tensor& page_table, const Tensor& seq_ids, const Tensor& positions) {
+  make_append_params(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions);
+  fail(kOpAppend, "k_cache must be a CUDA tensor, got ", binding::device_name(k_cache));
+}
+
+}  // namespace
+}  // namespace astrai
+
+// Schemas: docs/contracts.md, "Attention ops". FRAGMENT: other families register into `astrai` too.
+STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
+  m.def("attn_decode(Tensor q, Tensor k, Tensor v, Tensor? kv_lens, Tensor? mask, float scale, "
+        "int kv_split_size) -> Tensor");
+  m.def("attn_paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor kv_lens, "
+        "Tensor? mask, float scale, int kv_split_size) -> Tensor");
+  m.def("paged_kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor page_table, "
+        "Tensor seq_ids, Tensor positions) -> ()");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
+  m.impl("attn_decode", TORCH_BOX(&astrai::attn_decode_cuda));
+  m.impl("attn_paged_decode", TORCH_BOX(&astrai::attn_paged_decode_cuda));
+  m.impl("paged_kv_append", TORCH_BOX(&astrai::paged_kv_append_cuda));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
+  m.impl("attn_decode", TORCH_BOX(&astrai::attn_decode_cpu));
+  m.impl("attn_paged_decode", TORCH_BOX(&astrai::attn_paged_decode_cpu));
+  m.impl("paged_kv_append", TORCH_BOX(&astrai::paged_kv_append_cpu));
+}

@@ -1,0 +1,386 @@
+// Stable-ABI registration of the quantize ops: validate, pack the params, launch on the current stream.
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include "bindings/stable_helpers.h"
+#include "kernels/quantize/quantize.h"
+
+namespace astrai {
+namespace {
+
+using binding::check;
+using binding::fail;
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+constexpr const char* kOpStatic = "astrai.quantize";
+constexpr const char* kOpDynamic = "astrai.quantize_dynamic";
+constexpr const char* kOpBlock = "astrai.quantize_block";
+constexpr const char* kOpLayout = "astrai.scale_layout";
+
+constexpr int64_t kGroup = 128;  // columns of one block / group
+
+// ---- argument checks --------------------------------------------------------------------------------
+
+QuantIn check_x(const char* op, const Tensor& x) {
+  const ScalarType t = x.scalar_type();
+  check(t == ScalarType::BFloat16 || t == ScalarType::Half || t == ScalarType::Float, op,
+        "x must be bfloat16, float16 or float32, got ", binding::dtype_name(t));
+  binding::check_rank(op, "x", x, 2, "[M, N]");  // x: (M, N)
+  binding::check_strides(op, "x", x);
+  binding::check_element_aligned(op, "x", x);
+  return t == ScalarType::BFloat16 ? QuantIn::kBF16 : t == ScalarType::Half ? QuantIn::kF16 : QuantIn::kF32;
+}
+
+// out_dtype -> (format, qmax); int8 only where `int8_ok`.
+QuantOut check_out_dtype(const char* op, ScalarType t, bool int8_ok, float* qmax) {
+  if (t == ScalarType::Float8_e4m3fn) {
+    *qmax = 448.0f;
+    return QuantOut::kE4M3;
+  }
+  if (t == ScalarType::Float8_e5m2) {
+    *qmax = 57344.0f;
+    return QuantOut::kE5M2;
+  }
+  if (t == ScalarType::Char && int8_ok) {
+    *qmax = 127.0f;
+    return QuantOut::kInt8;
+  }
+  fail(op, "out_dtype must be float8_e4m3fn or float8_e5m2", int8_ok ? " or int8" : "",
+       int8_ok ? "" : " here (int8 is row-major only)", ", got ", binding::dtype_name(t));
+}
+
+void check_layout(const char* op, int64_t layout) {
+  check(layout >= 0 && layout <= 2, op, "layout must be 0 (row-major), 1 (transposed) or 2 (both), got ", layout);
+}
+
+int64_t nonzero_stride(const Tensor& t, int64_t d) { return t.size(d) == 1 ? int64_t(0) : t.stride(d); }
+
+// The multiplier's kind from its shape: [] / [1] / [1, 1] per tensor, [M, 1] per row, [1, N] per column.
+QuantScale check_scale(const char* op, const Tensor& scale, const Tensor& x) {
+  binding::check_dtype(op, "scale", scale, ScalarType::Float);
+  const int64_t M = x.size(0), N = x.size(1);
+  const bool one = scale.numel() == 1 && scale.dim() <= 2;
+  QuantScale kind = QuantScale::kTensor;
+  if (one) {
+    kind = QuantScale::kTensor;
+  } else if (scale.dim() == 2 && scale.size(0) == M && scale.size(1) == 1) {
+    kind = QuantScale::kRow;
+    check(M <= 1 || scale.stride(0) == 1, op, "scale [M, 1] must be contiguous, got strides ",
+          binding::strides_str(scale));
+  } else if (scale.dim() == 2 && scale.size(0) == 1 && scale.size(1) == N) {
+    kind = QuantScale::kColumn;
+    check(N <= 1 || scale.stride(1) == 1, op, "scale [1, N] must be contiguous, got strides ",
+          binding::strides_str(scale));
+  } else {
+    fail(op, "scale must be [] or [1] (per tensor), [M, 1] = [", M, ", 1] (per row) or [1, N] = [1, ", N,
+         "] (per column) for x of shape ", binding::shape_str(x), ", got ", binding::shape_str(scale));
+  }
+  binding::check_element_aligned(op, "scale", scale);
+  return kind;
+}
+
+std::string config_str(const char* kernel, const Tensor& x, const char* extra, int32_t device_index) {
+  std::ostringstream s;
+  s << kernel << " (x " << binding::dtype_name(x.scalar_type()) << " " << binding::shape_str(x) << ", strides "
+    << binding::strides_str(x) << ", " << extra << ", device=cuda:" << device_index << ")";
+  return s.str();
+}
+
+Tensor empty_1d(const Tensor& like) { return torch::stable::new_empty(like, {0}, ScalarType::Float); }
+
+// [mn, k] float32 with strides (1, align(mn, 4)): MN-major, TMA-aligned (DeepGEMM's scale-factor layout).
+Tensor new_mn_major(const Tensor& like, int64_t mn, int64_t k, ScalarType dtype) {
+  const int64_t aligned = (mn + 3) / 4 * 4;
+  Tensor buf = torch::stable::new_empty(like, {k, aligned}, dtype);
+  Tensor mn_major = torch::stable::transpose(buf, 0, 1);  // [aligned, k], strides (1, aligned)
+  return torch::stable::narrow(mn_major, 0, 0, mn);
+}
+
+QuantizeParams base_params(const Tensor& x, QuantIn in, QuantOut out_type, float qmax) {
+  QuantizeParams p{};
+  p.x_ptr = x.data_ptr();
+  p.x_row_stride = nonzero_stride(x, 0);
+  p.rows = x.size(0);
+  p.cols = x.size(1);
+  p.in_type = in;
+  p.out_type = out_type;
+  p.qmax = qmax;
+  p.group_cols = int32_t(kGroup);
+  return p;
+}
+
+// ---- quantize (static multiplier) ---------------------------------------------------------------------
+
+struct StaticArgs {
+  QuantIn in;
+  QuantOut out_type;
+  float qmax;
+  QuantScale kind;
+  QuantAmax amax;
+};
+
+StaticArgs validate_static(const Tensor& x, const Tensor& scale, ScalarType out_dtype, int64_t layout,
+                           int64_t amax) {
+  StaticArgs a{};
+  a.in = check_x(kOpStatic, x);
+  check_layout(kOpStatic, layout);
+  a.out_type = check_out_dtype(kOpStatic, out_dtype, layout == 0, &a.qmax);
+  check(amax >= 0 && amax <= 2, kOpStatic, "amax must be 0 (none), 1 (per tensor) or 2 (per row), got ", amax);
+  a.amax = QuantAmax(int32_t(amax));
+  a.kind = check_scale(kOpStatic, scale, x);
+  binding::check_cuda_device(kOpStatic, "x", x);
+  binding::check_same_device(kOpStatic, "scale", scale, "x", x);
+  return a;
+}
+
+std::tuple<Tensor, Tensor, Tensor> quantize_cuda(const Tensor& x, const Tensor& scale, ScalarType out_dtype,
+                                                 int64_t layout, int64_t amax) {
+  const StaticArgs a = validate_static(x, scale, out_dtype, layout, amax);
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  const int64_t M = x.size(0), N = x.size(1);
+  QuantizeParams p = base_params(x, a.in, a.out_type, a.qmax);
+  Tensor out = layout != 1 ? torch::stable::new_empty(x, {M, N}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
+  Tensor out_t = layout != 0 ? torch::stable::new_empty(x, {N, M}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
+  Tensor amax_t = a.amax == QuantAmax::kTensor ? torch::stable::new_zeros(x, {1}, ScalarType::Float)
+                  : a.amax == QuantAmax::kRow  ? torch::stable::new_zeros(x, {M}, ScalarType::Float)
+                                               : empty_1d(x);
+  p.out_ptr = layout != 1 ? out.data_ptr() : nullptr;
+  p.out_t_ptr = layout != 0 ? out_t.data_ptr() : nullptr;
+  p.scale_ptr = static_cast<const float*>(scale.data_ptr());
+  p.scale_kind = a.kind;
+  p.amax_kind = a.amax;
+  p.amax_ptr = a.amax != QuantAmax::kNone ? static_cast<float*>(amax_t.data_ptr()) : nullptr;
+  if (M > 0 && N > 0) {
+    const cudaStream_t stream = binding::current_cuda_stream(kOpStatic, x.get_device_index());
+    binding::check_cuda_status(quantize_launch(p, stream), kOpStatic,
+                               config_str("quantize", x, layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
+                                          x.get_device_index()));
+  }
+  return std::make_tuple(out, out_t, amax_t);
+}
+
+std::tuple<Tensor, Tensor, Tensor> quantize_cpu(const Tensor& x, const Tensor& scale, ScalarType out_dtype,
+                                                int64_t layout, int64_t amax) {
+  validate_static(x, scale, out_dtype, layout, amax);
+  fail(kOpStatic, "x must be a CUDA tensor, got ", binding::device_name(x));
+}
+
+// ---- quantize_dynamic (per tensor: amax pass + cast pass; per row: one pass) ----------------------------
+
+struct DynamicArgs {
+  QuantIn in;
+  QuantOut out_type;
+  float qmax;
+};
+
+DynamicArgs validate_dynamic(const Tensor& x, ScalarType out_dtype, int64_t granularity, int64_t layout) {
+  DynamicArgs a{};
+  a.in = check_x(kOpDynamic, x);
+  check(granularity == 0 || granularity == 1, kOpDynamic,
+        "granularity must be 0 (per tensor) or 1 (per row), got ", granularity);
+  check_layout(kOpDynamic, layout);
+  check(granularity == 0 || layout == 0, kOpDynamic,
+        "layout must be 0 for per-row scales (granularity 1), got ", layout);
+  a.out_type = check_out_dtype(kOpDynamic, out_dtype, layout == 0, &a.qmax);
+  binding::check_cuda_device(kOpDynamic, "x", x);
+  return a;
+}
+
+std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, ScalarType out_dtype, int64_t granularity,
+                                                         bool pow2_scale, int64_t layout) {
+  const DynamicArgs a = validate_dynamic(x, out_dtype, granularity, layout);
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  const int64_t M = x.size(0), N = x.size(1);
+  Tensor out = layout != 1 ? torch::stable::new_empty(x, {M, N}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
+  Tensor out_t = layout != 0 ? torch::stable::new_empty(x, {N, M}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
+  QuantizeParams p = base_params(x, a.in, a.out_type, a.qmax);
+  p.out_ptr = layout != 1 ? out.data_ptr() : nullptr;
+  p.out_t_ptr = layout != 0 ? out_t.data_ptr() : nullptr;
+  p.pow2_scale = pow2_scale;
+  const int32_t dev = x.get_device_index();
+  if (granularity == 1) {
+    Tensor scale_inv = torch::stable::new_empty(x, {M, 1}, ScalarType::Float);
+    p.scale_kind = QuantScale::kDynamicRow;
+    p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
+    if (M > 0 && N > 0) {
+      const cudaStream_t stream = binding::current_cuda_stream(kOpDynamic, dev);
+      binding::check_cuda_status(quantize_launch(p, stream), kOpDynamic, config_str("quantize per row", x, "dynamic", dev));
+    } else if (M > 0) {
+      // No columns: amax 0, so the multiplier is 1.
+      torch::stable::fill_(scale_inv, 1.0);
+    }
+    return std::make_tuple(out, out_t, scale_inv);
+  }
+  // Per tensor: amax (zeroed, atomically maxed), then the cast reads it and writes scale_inv.
+  Tensor amax_t = torch::stable::new_zeros(x, {1}, ScalarType::Float);
+  Tensor scale_inv = torch::stable::new_empty(x, {1}, ScalarType::Float);
+  if (M > 0 && N > 0) {
+    const cudaStream_t stream = binding::current_cuda_stream(kOpDynamic, dev);
+    AmaxParams ap{};
+    ap.x_ptr = x.data_ptr();
+    ap.amax_ptr = static_cast<float*>(amax_t.data_ptr());
+    ap.x_row_stride = p.x_row_stride;
+    ap.rows = M;
+    ap.cols = N;
+    ap.in_type = a.in;
+    binding::check_cuda_status(quantize_amax_launch(ap, stream), kOpDynamic, config_str("amax", x, "per tensor", dev));
+    p.scale_kind = QuantScale::kFromAmax;
+    p.amax_in_ptr = ap.amax_ptr;
+    p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
+    binding::check_cuda_status(quantize_launch(p, stream), kOpDynamic, config_str("quantize per tensor", x, "dynamic", dev));
+  } else {
+    torch::stable::fill_(scale_inv, 1.0);
+  }
+  return std::make_tuple(out, out_t, scale_inv);
+}
+
+std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cpu(const Tensor& x, ScalarType out_dtype, int64_t granularity,
+                                                        bool pow2_scale, int64_t layout) {
+  validate_dynamic(x, out_dtype, granularity, layout);
+  fail(kOpDynamic, "x must be a CUDA tensor, got ", binding::device_name(x));
+}
+
+// ---- quantize_block (1 x 128 groups or 128 x 128 blocks) -------------------------------------------------
+
+struct BlockArgs {
+  QuantIn in;
+  QuantOut out_type;
+  float qmax;
+};
+
+BlockArgs validate_block(const Tensor& x, ScalarType out_dtype, int64_t block_rows) {
+  BlockArgs a{};
+  a.in = check_x(kOpBlock, x);
+  a.out_type = check_out_dtype(kOpBlock, out_dtype, false, &a.qmax);
+  check(block_rows == 1 || block_rows == kGroup, kOpBlock, "block_rows must be 1 (1 x 128 groups) or 128 (128 x 128 ",
+        "blocks), got ", block_rows);
+  check(x.size(1) % kGroup == 0, kOpBlock, "the block size 128 does not divide N = x.size(1) = ", x.size(1),
+        " (x shape ", binding::shape_str(x), "); pad the columns to a multiple of 128");
+  binding::check_cuda_device(kOpBlock, "x", x);
+  return a;
+}
+
+std::tuple<Tensor, Tensor> quantize_block_cuda(const Tensor& x, ScalarType out_dtype, int64_t block_rows,
+                                               bool pow2_scale, bool scale_mn_major) {
+  const BlockArgs a = validate_block(x, out_dtype, block_rows);
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  const int64_t M = x.size(0), N = x.size(1);
+  const int64_t sf_rows = (M + block_rows - 1) / block_rows, sf_cols = N / kGroup;
+  Tensor out = torch::stable::new_empty(x, {M, N}, out_dtype);
+  Tensor scale_inv = scale_mn_major ? new_mn_major(x, sf_rows, sf_cols, ScalarType::Float)
+                                    : torch::stable::new_empty(x, {sf_rows, sf_cols}, ScalarType::Float);
+  if (M == 0 || N == 0) return std::make_tuple(out, scale_inv);
+  const int32_t dev = x.get_device_index();
+  const cudaStream_t stream = binding::current_cuda_stream(kOpBlock, dev);
+  float* sf = static_cast<float*>(scale_inv.data_ptr());
+  if (block_rows == 1) {
+    QuantizeParams p = base_params(x, a.in, a.out_type, a.qmax);
+    p.out_ptr = out.data_ptr();
+    p.scale_kind = QuantScale::kDynamicGroup;
+    p.scale_inv_ptr = sf;
+    p.scale_inv_row_stride = scale_inv.stride(0);
+    p.scale_inv_group_stride = scale_inv.stride(1);
+    p.pow2_scale = pow2_scale;
+    binding::check_cuda_status(quantize_launch(p, stream), kOpBlock, config_str("quantize 1x128", x, "dynamic", dev));
+  } else {
+    BlockQuantParams p{};
+    p.x_ptr = x.data_ptr();
+    p.out_ptr = out.data_ptr();
+    p.scale_inv_ptr = sf;
+    p.x_row_stride = nonzero_stride(x, 0);
+    p.scale_inv_row_stride = scale_inv.stride(0);
+    p.scale_inv_col_stride = scale_inv.stride(1);
+    p.rows = M;
+    p.cols = N;
+    p.qmax = a.qmax;
+    p.in_type = a.in;
+    p.out_type = a.out_type;
+    p.pow2_scale = pow2_scale;
+    binding::check_cuda_status(quantize_block128_launch(p, stream), kOpBlock,
+                               config_str("quantize 128x128", x, "dynamic", dev));
+  }
+  return std::make_tuple(out, scale_inv);
+}
+
+std::tuple<Tensor, Tensor> quantize_block_cpu(const Tensor& x, ScalarType out_dtype, int64_t block_rows,
+                                              bool pow2_scale, bool scale_mn_major) {
+  validate_block(x, out_dtype, block_rows);
+  fail(kOpBlock, "x must be a CUDA tensor, got ", binding::device_name(x));
+}
+
+// ---- scale_layout ----------------------------------------------------------------------------------------
+
+void validate_layout(const Tensor& sf) {
+  binding::check_dtype(kOpLayout, "sf", sf, ScalarType::Float);
+  binding::check_rank(kOpLayout, "sf", sf, 2, "[MN, SF_K]");  // sf: (MN, SF_K)
+  for (int64_t d = 0; d < 2; ++d) {
+    check(sf.stride(d) >= 0, kOpLayout, "sf must have non-negative strides, got ", binding::strides_str(sf));
+  }
+  binding::check_element_aligned(kOpLayout, "sf", sf);
+  binding::check_cuda_device(kOpLayout, "sf", sf);
+}
+
+Tensor scale_layout_cuda(const Tensor& sf, bool pack_ue8m0) {
+  validate_layout(sf);
+  torch::stable::accelerator::DeviceGuard guard(sf.get_device_index());
+  const int64_t mn = sf.size(0), sf_k = sf.size(1);
+  const int64_t out_k = pack_ue8m0 ? (sf_k + 3) / 4 : sf_k;
+  Tensor out = new_mn_major(sf, mn, out_k, pack_ue8m0 ? ScalarType::Int : ScalarType::Float);
+  if (mn == 0 || sf_k == 0) return out;
+  ScaleLayoutParams p{};
+  p.sf_ptr = static_cast<const float*>(sf.data_ptr());
+  p.out_ptr = out.data_ptr();
+  p.sf_mn_stride = sf.stride(0);
+  p.sf_k_stride = sf.stride(1);
+  p.mn = mn;
+  p.sf_k = sf_k;
+  p.packed = pack_ue8m0;
+  const cudaStream_t stream = binding::current_cuda_stream(kOpLayout, sf.get_device_index());
+  std::ostringstream cfg;
+  cfg << "scale_layout (sf " << binding::shape_str(sf) << ", " << (pack_ue8m0 ? "packed ue8m0" : "float32") << ")";
+  binding::check_cuda_status(scale_layout_launch(p, stream), kOpLayout, cfg.str());
+  return out;
+}
+
+Tensor scale_layout_cpu(const Tensor& sf, bool pack_ue8m0) {
+  validate_layout(sf);
+  fail(kOpLayout, "sf must be a CUDA tensor, got ", binding::device_name(sf));
+}
+
+}  // namespace
+}  // namespace astrai
+
+// Schemas: docs/contracts.md, "Quantize ops". FRAGMENT: other families register into `astrai` too.
+STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
+  m.def("quantize(Tensor x, Tensor scale, ScalarType out_dtype, int layout, int amax) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "quantize_dynamic(Tensor x, ScalarType out_dtype, int granularity, bool pow2_scale, int layout) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "quantize_block(Tensor x, ScalarType out_dtype, int block_rows, bool pow2_scale, bool scale_mn_major) "
+      "-> (Tensor, Tensor)");
+  m.def("scale_layout(Tensor sf, bool pack_ue8m0) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
+  m.impl("quantize", TORCH_BOX(&astrai::quantize_cuda));
+  m.impl("quantize_dynamic", TORCH_BOX(&astrai::quantize_dynamic_cuda));
+  m.impl("quantize_block", TORCH_BOX(&astrai::quantize_block_cuda));
+  m.impl("scale_layout", TORCH_BOX(&astrai::scale_layout_cuda));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
+  m.impl("quantize", TORCH_BOX(&astrai::quantize_cpu));
+  m.impl("quantize_dynamic", TORCH_BOX(&astrai::quantize_dynamic_cpu));
+  m.impl("quantize_block", TORCH_BOX(&astrai::quantize_block_cpu));
+  m.impl("scale_layout", TORCH_BOX(&astrai::scale_layout_cpu));
+}

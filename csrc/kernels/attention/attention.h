@@ -1,0 +1,36 @@
+// Host entry of the attention family: decode planner and launchers, paged KV append (plain C++, no nvcc needed).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention/params.h"
+
+namespace astrai {
+
+// Split lengths are multiples of this many keys (a multiple of every decode block step).
+constexpr int32_t kDecodeSplitAlign = 64;
+// The planner never makes more splits than this (bounds the workspace and the combine's loop).
+constexpr int32_t kDecodeMaxSplits = 1024;
+
+struct DecodePlan {
+  int32_t num_splits;  // KV splits per sequence; 1: the decode kernel writes the output directly
+  int32_t split_len;   // keys per split (multiple of kDecodeSplitAlign)
+};
+
+// Deterministic split rule: a function of (batch, Hkv, Hq/Hkv, max_kv_len, sm_count) only, never of the data,
+// so a launch is bitwise reproducible and capturable. kv_split_size > 0 fixes the keys per split (rounded up
+// to kDecodeSplitAlign): the result then no longer depends on batch or sm_count (batch invariance).
+DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
+                            int32_t sm_count, int64_t kv_split_size);
+
+// Launches the split-KV decode kernel and, when params.num_splits > 1, the combine kernel on `stream`.
+// Returns cudaErrorInvalidValue for inconsistent params (unsupported head_dim, head counts, missing
+// workspace); never throws. batch == 0: no launch.
+cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream);
+
+// Writes N new tokens of K and V into a paged cache in one launch. num_tokens == 0: no launch.
+cudaError_t paged_kv_append_bf16_launch(const AppendParams& params, cudaStream_t stream);
+
+}  // namespace astrai

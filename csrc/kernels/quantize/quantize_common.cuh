@@ -1,0 +1,143 @@
+// Device helpers of the quantize family: 16-element loads of bf16/fp16/fp32, the saturating fp8/int8 casts
+// (torch's rounding and NaN rules), amax as ordered bits, and the multiplier of a dynamic scale.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/quantize/params.h"
+
+namespace astrai {
+namespace quantize {
+
+// Elements one thread moves per step: 16 fp8 bytes = one 16-byte store.
+constexpr int kStep = 16;
+
+template <QuantIn kIn>
+struct InTraits;
+template <>
+struct InTraits<QuantIn::kBF16> {
+  static constexpr int kBytes = 2;
+  __device__ __forceinline__ static float to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+};
+template <>
+struct InTraits<QuantIn::kF16> {
+  static constexpr int kBytes = 2;
+  __device__ __forceinline__ static float to_float(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+};
+template <>
+struct InTraits<QuantIn::kF32> {
+  static constexpr int kBytes = 4;
+};
+
+template <QuantOut kOut>
+struct OutTraits {
+  static constexpr float kMax = kOut == QuantOut::kE4M3 ? 448.0f : kOut == QuantOut::kE5M2 ? 57344.0f : 127.0f;
+};
+
+// N (8 or 16) consecutive elements of x starting at `src` as float32. kVec: 16-byte loads (src 16-byte aligned
+// and all N valid); else element loads of the first `count` elements, zeros after them.
+template <QuantIn kIn, int N, bool kVec>
+__device__ __forceinline__ void load_run(const void* src, int count, float (&v)[N]) {
+  if constexpr (kIn == QuantIn::kF32) {
+    const float* s = static_cast<const float*>(src);
+    if constexpr (kVec) {
+#pragma unroll
+      for (int j = 0; j < N / 4; ++j) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(s) + j);
+        v[4 * j] = w.x;
+        v[4 * j + 1] = w.y;
+        v[4 * j + 2] = w.z;
+        v[4 * j + 3] = w.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] = i < count ? __ldg(s + i) : 0.0f;
+    }
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    if constexpr (kVec) {
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(s) + j);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          v[8 * j + 2 * k] = InTraits<kIn>::to_float(uint16_t(words[k] & 0xffffu));
+          v[8 * j + 2 * k + 1] = InTraits<kIn>::to_float(uint16_t(words[k] >> 16));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] = i < count ? InTraits<kIn>::to_float(__ldg(s + i)) : 0.0f;
+    }
+  }
+}
+
+// |v| as ordered bits: for non-negative floats the unsigned order is the float order, and every NaN sorts
+// above +inf, so a max over these bits is max |x| and propagates NaN (as torch.amax does).
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+template <int N>
+__device__ __forceinline__ uint32_t run_amax_bits(const float (&v)[N]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) m = max(m, abs_bits(v[i]));
+  return m;
+}
+
+// Two floats -> two fp8 bytes (`lo` in the low byte), as torch computes `v.clamp(-max, max).to(fp8)`:
+// round to nearest even after the clamp; NaN becomes 0x7f (the sign of a NaN is not kept: torch on CUDA
+// produces the same byte, as its float multiply returns the canonical positive NaN).
+template <QuantOut kOut>
+__device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
+  constexpr float kMax = OutTraits<kOut>::kMax;
+  const float cl = fminf(fmaxf(lo, -kMax), kMax);
+  const float ch = fminf(fmaxf(hi, -kMax), kMax);
+  uint32_t r = __nv_cvt_float2_to_fp8x2(make_float2(cl, ch), __NV_SATFINITE,
+                                        kOut == QuantOut::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+  if (lo != lo) r = (r & 0xff00u) | 0x7fu;
+  if (hi != hi) r = (r & 0x00ffu) | 0x7f00u;
+  return r;
+}
+
+// One float -> an int8 byte: round half to even after the clamp to [-127, 127]; NaN becomes 0.
+__device__ __forceinline__ uint32_t int8_of(float v) {
+  const float c = fminf(fmaxf(v, -127.0f), 127.0f);
+  const int q = v != v ? 0 : int(rintf(c));
+  return uint32_t(q) & 0xffu;
+}
+
+// Four consecutive values (already multiplied by the scale) -> one little-endian word of output bytes.
+template <QuantOut kOut>
+__device__ __forceinline__ uint32_t pack4(float a, float b, float c, float d) {
+  if constexpr (kOut == QuantOut::kInt8) {
+    return int8_of(a) | (int8_of(b) << 8) | (int8_of(c) << 16) | (int8_of(d) << 24);
+  } else {
+    return fp8x2<kOut>(a, b) | (fp8x2<kOut>(c, d) << 16);
+  }
+}
+
+// The multiplier of a dynamic scale from an amax, and its reciprocal (what a GEMM multiplies back):
+// mul = qmax / amax rounded once (float32); past FLT_MAX (a subnormal amax) it is FLT_MAX, or 2^127 when rounded
+// to a power of two; pow2 rounds it down to a power of two (clears the mantissa); amax of 0, inf or NaN gives
+// mul = 1. inv = 1 / mul rounded once.
+struct ScalePair {
+  float mul;
+  float inv;
+};
+
+__device__ __forceinline__ ScalePair scale_from_amax(float amax, float qmax, bool pow2) {
+  if (!(amax > 0.0f) || !(amax <= FLT_MAX)) return ScalePair{1.0f, 1.0f};
+  float mul = qmax / amax;
+  if (!(mul <= FLT_MAX)) mul = pow2 ? 1.7014118346046923e38f : FLT_MAX;  // 2^127
+  if (pow2) mul = __uint_as_float(__float_as_uint(mul) & 0xff800000u);
+  return ScalePair{mul, 1.0f / mul};
+}
+
+}  // namespace quantize
+}  // namespace astrai

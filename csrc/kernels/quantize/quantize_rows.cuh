@@ -1,0 +1,243 @@
+// Row-major quantization (layout 0): static multipliers (per tensor, row, column, or from a per-tensor amax),
+// dynamic per row in one pass, dynamic 1 x 128 groups; optional fused amax; fp8 e4m3/e5m2 or int8 out.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/quantize/params.h"
+#include "kernels/quantize/quantize_common.cuh"
+
+namespace astrai {
+namespace quantize {
+
+constexpr int kRowsBlockThreads = 256;
+constexpr int kRowsMaxWarps = kRowsBlockThreads / 32;
+// Steps (16 elements) of a row a thread keeps in registers between the amax and the cast of dynamic per-row
+// quantization; later steps of longer rows are read again (from L1/L2: the row was just read).
+constexpr int kRowCache = 2;
+// Threads that share one 1 x 128 group (8 x 16 elements): consecutive lanes.
+constexpr int kGroupLanes = 8;
+// Steps per loop iteration of the static and group paths: 2 x 32 bytes of bf16 in flight per thread.
+constexpr int kUnroll = 2;
+
+// Work layout:
+//   threadIdx.x: step of the row (16 consecutive elements), looping by blockDim.x (a power of two, 8..256;
+//                the launcher picks the smallest that covers the row in kUnroll steps per thread)
+//   threadIdx.y, blockIdx.x: row (grid-stride loop; the trip count is uniform across the block, so the
+//   shuffles and barriers below are reached by every thread)
+// kVec: 16-byte loads and stores (x 16-byte aligned, row stride and cols multiples of 16 bytes/elements);
+// else element moves, any alignment and any cols.
+// kMode selects the code the kernel carries (registers): per-tensor / per-row / from-amax multipliers, dynamic
+// per row, 1 x 128 groups, or per-column multipliers.
+enum class RowsMode : int { kStatic = 0, kDynamicRow = 1, kGroup = 2, kColumn = 3 };
+
+template <QuantIn kIn, QuantOut kOut, bool kVec, RowsMode kMode>
+__global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(const __grid_constant__ QuantizeParams p) {
+  constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
+  const int tpr = int(blockDim.x);  // threads per row
+  const int tx = int(threadIdx.x);
+  const int ty = int(threadIdx.y);
+  const int tid = ty * tpr + tx;
+  const int lane = tid & 31;
+  const int64_t cols = p.cols;
+  const int64_t steps = (cols + kStep - 1) / kStep;
+  const int64_t row_step = int64_t(gridDim.x) * blockDim.y;
+  const QuantScale kind = kMode == RowsMode::kDynamicRow ? QuantScale::kDynamicRow
+                          : kMode == RowsMode::kGroup    ? QuantScale::kDynamicGroup
+                          : kMode == RowsMode::kColumn   ? QuantScale::kColumn
+                                                         : p.scale_kind;
+  const char* x = static_cast<const char*>(p.x_ptr);
+  uint8_t* out = static_cast<uint8_t*>(p.out_ptr);
+  __shared__ uint32_t red[kRowsMaxWarps];
+
+  // Max over the tpr threads of one row (every thread of the block calls it).
+  auto row_max = [&](uint32_t v) -> uint32_t {
+    const int width = tpr < 32 ? tpr : 32;
+    for (int o = 1; o < width; o <<= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (tpr > 32) {
+      __syncthreads();  // the previous row's readers are done with red
+      if (lane == 0) red[tid >> 5] = v;
+      __syncthreads();
+      const int warps_per_row = tpr >> 5;
+      v = 0;
+      for (int w = 0; w < warps_per_row; ++w) v = max(v, red[ty * warps_per_row + w]);
+    }
+    return v;
+  };
+
+  float mul_tensor = 1.0f;  // kTensor / kFromAmax: one multiplier for everything
+  if (kind == QuantScale::kTensor) mul_tensor = __ldg(p.scale_ptr);
+  if (kind == QuantScale::kFromAmax) {
+    const ScalePair s = scale_from_amax(__ldg(p.amax_in_ptr), p.qmax, p.pow2_scale);
+    mul_tensor = s.mul;
+    if (blockIdx.x == 0 && tid == 0 && p.scale_inv_ptr != nullptr) p.scale_inv_ptr[0] = s.inv;
+  }
+
+  uint32_t tensor_amax = 0;
+  for (int64_t row0 = int64_t(blockIdx.x) * blockDim.y; row0 < p.rows; row0 += row_step) {
+    const int64_t row = row0 + ty;
+    const bool valid = row < p.rows;
+    const char* x_row = x + row * p.x_row_stride * kInBytes;
+    uint8_t* out_row = out + row * cols;
+
+    // Converts one step (v already loaded) with multiplier(s) and stores it.
+    auto emit = [&](int64_t c, float (&v)[kStep], const float* muls, float mul) {
+      const int count = int(cols - c * kStep < kStep ? cols - c * kStep : kStep);
+      float y[kStep];
+#pragma unroll
+      for (int i = 0; i < kStep; ++i) y[i] = v[i] * (muls ? muls[i] : mul);
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = pack4<kOut>(y[4 * k], y[4 * k + 1], y[4 * k + 2], y[4 * k + 3]);
+      uint8_t* dst = out_row + c * kStep;
+      if constexpr (kVec) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kStep; ++i) {
+          if (i < count) dst[i] = uint8_t(w[i >> 2] >> (8 * (i & 3)));
+        }
+      }
+    };
+    auto load = [&](int64_t c, float (&v)[kStep]) {
+      const int count = int(cols - c * kStep < kStep ? cols - c * kStep : kStep);
+      load_run<kIn, kStep, kVec>(x_row + c * kStep * kInBytes, count, v);
+    };
+
+    if constexpr (kMode == RowsMode::kDynamicRow) {
+      // Pass 1: amax of the row, the first kRowCache steps of each thread kept in registers.
+      float cache[kRowCache][kStep];
+      uint32_t m = 0;
+#pragma unroll
+      for (int s = 0; s < kRowCache; ++s) {
+        const int64_t c = tx + int64_t(s) * tpr;
+        if (valid && c < steps) {
+          load(c, cache[s]);
+          m = max(m, run_amax_bits(cache[s]));
+        }
+      }
+      for (int64_t c = tx + int64_t(kRowCache) * tpr; valid && c < steps; c += tpr) {
+        float v[kStep];
+        load(c, v);
+        m = max(m, run_amax_bits(v));
+      }
+      m = row_max(m);
+      tensor_amax = max(tensor_amax, m);
+      const ScalePair s = scale_from_amax(__uint_as_float(m), p.qmax, p.pow2_scale);
+      if (valid && tx == 0) {
+        if (p.scale_inv_ptr != nullptr) p.scale_inv_ptr[row] = s.inv;
+        if (p.amax_kind == QuantAmax::kRow) p.amax_ptr[row] = __uint_as_float(m);
+      }
+      // Pass 2: cast.
+#pragma unroll
+      for (int k = 0; k < kRowCache; ++k) {
+        const int64_t c = tx + int64_t(k) * tpr;
+        if (valid && c < steps) emit(c, cache[k], nullptr, s.mul);
+      }
+      for (int64_t c = tx + int64_t(kRowCache) * tpr; valid && c < steps; c += tpr) {
+        float v[kStep];
+        load(c, v);
+        emit(c, v, nullptr, s.mul);
+      }
+      continue;
+    } else {
+
+    const float mul_row = kind == QuantScale::kRow && valid ? __ldg(p.scale_ptr + row) : mul_tensor;
+    uint32_t m = 0;
+    // kUnroll steps per iteration, all loads issued before the first store. The loop runs the same number
+    // of times in every thread of the block (group shuffles need full warps).
+    for (int64_t base = 0; base < steps; base += int64_t(kUnroll) * tpr) {
+      float v[kUnroll][kStep];
+      bool act[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + tx + int64_t(u) * tpr;
+        act[u] = valid && c < steps;
+        if (act[u]) {
+          load(c, v[u]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kStep; ++i) v[u][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + tx + int64_t(u) * tpr;
+        const uint32_t step_amax = run_amax_bits(v[u]);
+        m = max(m, step_amax);
+        if constexpr (kMode == RowsMode::kGroup) {
+          // group_cols == 128: 8 consecutive lanes hold one group (tpr is a multiple of 8).
+          uint32_t g = step_amax;
+#pragma unroll
+          for (int o = 1; o < kGroupLanes; o <<= 1) g = max(g, __shfl_xor_sync(0xffffffffu, g, o));
+          const ScalePair s = scale_from_amax(__uint_as_float(g), p.qmax, p.pow2_scale);
+          if (act[u]) {
+            if ((c & (kGroupLanes - 1)) == 0) {
+              p.scale_inv_ptr[row * p.scale_inv_row_stride + (c / kGroupLanes) * p.scale_inv_group_stride] = s.inv;
+            }
+            emit(c, v[u], nullptr, s.mul);
+          }
+        } else if (act[u]) {
+          if constexpr (kMode == RowsMode::kColumn) {
+            float muls[kStep];
+            const int count = int(cols - c * kStep < kStep ? cols - c * kStep : kStep);
+#pragma unroll
+            for (int i = 0; i < kStep; ++i) muls[i] = i < count ? __ldg(p.scale_ptr + c * kStep + i) : 0.0f;
+            emit(c, v[u], muls, 1.0f);
+          } else {
+            emit(c, v[u], nullptr, mul_row);
+          }
+        }
+      }
+    }
+    tensor_amax = max(tensor_amax, m);
+    if (p.amax_kind == QuantAmax::kRow) {
+      m = row_max(m);
+      if (valid && tx == 0) p.amax_ptr[row] = __uint_as_float(m);
+    }
+    }  // static kinds and groups
+  }
+
+  if (p.amax_kind == QuantAmax::kTensor) {
+    uint32_t v = tensor_amax;
+    for (int o = 1; o < 32; o <<= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) red[tid >> 5] = v;
+    __syncthreads();
+    if (tid == 0) {
+      const int warps = int(blockDim.x * blockDim.y) >> 5;
+      for (int w = 0; w < warps; ++w) v = max(v, red[w]);
+      if (v != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), v);
+    }
+  }
+}
+
+// Per-tensor amax of x (first pass of dynamic per-tensor quantization): grid-stride over 16-element steps.
+template <QuantIn kIn, bool kVec>
+__global__ void __launch_bounds__(kRowsBlockThreads) amax_kernel(const __grid_constant__ AmaxParams p) {
+  constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
+  const int64_t steps = (p.cols + kStep - 1) / kStep;
+  const int64_t total = steps * p.rows;
+  const char* x = static_cast<const char*>(p.x_ptr);
+  uint32_t m = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / steps;
+    const int64_t c = i - row * steps;
+    const int count = int(p.cols - c * kStep < kStep ? p.cols - c * kStep : kStep);
+    float v[kStep];
+    load_run<kIn, kStep, kVec>(x + (row * p.x_row_stride + c * kStep) * kInBytes, count, v);
+    m = max(m, run_amax_bits(v));
+  }
+  __shared__ uint32_t red[kRowsMaxWarps];
+  for (int o = 1; o < 32; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int lane = int(threadIdx.x) & 31;
+  if (lane == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) m = max(m, red[w]);
+    if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), m);
+  }
+}
+
+}  // namespace quantize
+}  // namespace astrai

@@ -1,0 +1,132 @@
+// Launchers of the row-major quantize kernel and the per-tensor amax pass; quantize_launch validates the
+// params and routes transposed layouts to the tiled-transpose kernel.
+#include <cstdint>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/quantize/quantize.h"
+#include "kernels/quantize/quantize_rows.cuh"
+
+namespace astrai {
+namespace {
+
+using quantize::kRowsBlockThreads;
+using quantize::kStep;
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+int in_bytes(QuantIn t) { return t == QuantIn::kF32 ? 4 : 2; }
+
+// 16-byte moves: x 16-byte aligned, rows start 16-byte aligned, whole 16-element steps (out rows too).
+bool vec_rows(const void* x, int64_t row_stride, int64_t cols, QuantIn t) {
+  return aligned16(x) && (row_stride * in_bytes(t)) % 16 == 0 && cols % kStep == 0;
+}
+
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
+  using quantize::RowsMode;
+  const int64_t steps = (p.cols + kStep - 1) / kStep;
+  // Threads per row: a power of two in [8, 256], the smallest that covers the row in kUnroll steps each
+  // (so each thread has kUnroll loads in flight; dynamic rows keep them in the register cache).
+  int tpr = 8;
+  while (tpr < kRowsBlockThreads && int64_t(tpr) * quantize::kUnroll < steps) tpr *= 2;
+  const int rpb = kRowsBlockThreads / tpr;
+  int64_t grid = 0;
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for((p.rows + rpb - 1) / rpb, kRowsBlockThreads, p.max_blocks, &grid));
+  const dim3 block(tpr, rpb);
+  if (p.scale_kind == QuantScale::kDynamicRow) {
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kDynamicRow><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+  } else if (p.scale_kind == QuantScale::kDynamicGroup) {
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kGroup><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+  } else if (p.scale_kind == QuantScale::kColumn) {
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kColumn><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+  } else {
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kStatic><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <QuantIn kIn, QuantOut kOut>
+cudaError_t launch_rows_vec(const QuantizeParams& p, cudaStream_t stream) {
+  const bool vec = vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type) && (p.out_ptr == nullptr || aligned16(p.out_ptr));
+  return vec ? launch_rows<kIn, kOut, true>(p, stream) : launch_rows<kIn, kOut, false>(p, stream);
+}
+
+template <QuantIn kIn>
+cudaError_t launch_rows_out(const QuantizeParams& p, cudaStream_t stream) {
+  switch (p.out_type) {
+    case QuantOut::kE4M3: return launch_rows_vec<kIn, QuantOut::kE4M3>(p, stream);
+    case QuantOut::kE5M2: return launch_rows_vec<kIn, QuantOut::kE5M2>(p, stream);
+    case QuantOut::kInt8: return launch_rows_vec<kIn, QuantOut::kInt8>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+bool params_valid(const QuantizeParams& p) {
+  if (p.rows < 0 || p.cols < 0 || p.x_row_stride < 0) return false;
+  if (p.x_ptr == nullptr || (p.out_ptr == nullptr && p.out_t_ptr == nullptr)) return false;
+  if (int32_t(p.in_type) < 0 || int32_t(p.in_type) > 2 || int32_t(p.out_type) < 0 || int32_t(p.out_type) > 2) {
+    return false;
+  }
+  const QuantScale k = p.scale_kind;
+  const bool static_kind = k == QuantScale::kTensor || k == QuantScale::kRow || k == QuantScale::kColumn;
+  if (static_kind && p.scale_ptr == nullptr) return false;
+  if (k == QuantScale::kFromAmax && p.amax_in_ptr == nullptr) return false;
+  if (k == QuantScale::kDynamicGroup && (p.group_cols != 128 || p.scale_inv_ptr == nullptr)) return false;
+  if (int32_t(k) < 0 || int32_t(k) > 5) return false;
+  if (p.amax_kind != QuantAmax::kNone && p.amax_ptr == nullptr) return false;
+  if (int32_t(p.amax_kind) < 0 || int32_t(p.amax_kind) > 2) return false;
+  if (!(p.qmax > 0.0f)) return false;
+  if (p.out_t_ptr != nullptr) {
+    if (p.out_type == QuantOut::kInt8) return false;
+    if (k == QuantScale::kDynamicRow || k == QuantScale::kDynamicGroup) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+cudaError_t quantize_launch(const QuantizeParams& p, cudaStream_t stream) {
+  if (!params_valid(p)) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  if (p.out_t_ptr != nullptr) return quantize_detail::quantize_transpose_launch(p, stream);
+  switch (p.in_type) {
+    case QuantIn::kBF16: return launch_rows_out<QuantIn::kBF16>(p, stream);
+    case QuantIn::kF16: return launch_rows_out<QuantIn::kF16>(p, stream);
+    case QuantIn::kF32: return launch_rows_out<QuantIn::kF32>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+namespace {
+
+template <QuantIn kIn, bool kVec>
+cudaError_t launch_amax(const AmaxParams& p, cudaStream_t stream) {
+  const int64_t steps = (p.cols + kStep - 1) / kStep * p.rows;
+  int64_t grid = 0;
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for((steps + kRowsBlockThreads - 1) / kRowsBlockThreads,
+                                            kRowsBlockThreads, p.max_blocks, &grid));
+  quantize::amax_kernel<kIn, kVec><<<dim3(unsigned(grid)), dim3(kRowsBlockThreads), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <QuantIn kIn>
+cudaError_t launch_amax_vec(const AmaxParams& p, cudaStream_t stream) {
+  return vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type) ? launch_amax<kIn, true>(p, stream)
+                                                               : launch_amax<kIn, false>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t quantize_amax_launch(const AmaxParams& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.cols < 0 || p.x_row_stride < 0 || p.x_ptr == nullptr || p.amax_ptr == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  switch (p.in_type) {
+    case QuantIn::kBF16: return launch_amax_vec<QuantIn::kBF16>(p, stream);
+    case QuantIn::kF16: return launch_amax_vec<QuantIn::kF16>(p, stream);
+    case QuantIn::kF32: return launch_amax_vec<QuantIn::kF32>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace astrai

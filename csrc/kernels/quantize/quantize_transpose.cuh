@@ -1,0 +1,190 @@
+// Transposed (layout 1) and dual (layout 2) fp8 quantization: a 128 x 64 tile of x is cast in registers,
+// transposed through shared memory as 4-byte words, and written to out_t [cols, rows] with 16-byte stores.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/quantize/params.h"
+#include "kernels/quantize/quantize_common.cuh"
+
+namespace astrai {
+namespace quantize {
+
+constexpr int kTileRows = 128;  // TM: rows of x per tile = bytes of one out_t row segment (8 x 16 bytes)
+constexpr int kTileCols = 64;   // TN: columns of x per tile = rows of out_t per tile
+constexpr int kTransposeThreads = 256;
+
+// Thread (warp w, lane l) loads rows 4*mg .. 4*mg+3 and columns 8*ng .. 8*ng+7 of the tile, where
+//   ng = 2*(w % 4) + (l & 1)      (0..7)
+//   mg = 16*(w / 4) + (l >> 1)    (0..31)
+// For each of its 8 columns it packs the 4 row bytes into one word and stores it in shared memory at row n of
+// the transposed tile, word mg. Rows of the transposed tile are 128 bytes (32 words, one bank cycle); the
+// 16-byte chunk index is XORed with 4 on rows whose bit 3 is set, so the two column groups of a warp (8 rows
+// apart) land in opposite bank halves: the word stores are conflict-free and the 16-byte reads stay whole.
+__device__ __forceinline__ int swizzled_word(int n, int mg) {
+  const int chunk = (mg >> 2) ^ (((n >> 3) & 1) << 2);
+  return n * (kTileRows / 4) + chunk * 4 + (mg & 3);
+}
+
+// kVec: 16-byte loads (x 16-byte aligned, row stride and cols multiples of 8 elements); else element loads.
+// Supported multipliers: kTensor, kRow (per row of x), kColumn (per column of x), kFromAmax.
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+__global__ void __launch_bounds__(kTransposeThreads) quantize_transpose_kernel(const __grid_constant__ QuantizeParams p) {
+  static_assert(kOut != QuantOut::kInt8, "the transposed layouts are fp8 only");
+  constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
+  __shared__ __align__(16) uint32_t tile_t[kTileCols * kTileRows / 4];  // [TN, TM bytes] swizzled
+  __shared__ uint32_t red[kTransposeThreads / 32];
+
+  const int tid = int(threadIdx.x);
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int ng = 2 * (warp & 3) + (lane & 1);
+  const int mg = 16 * (warp >> 2) + (lane >> 1);
+  const int64_t rows = p.rows, cols = p.cols;
+  const int64_t tiles_m = (rows + kTileRows - 1) / kTileRows;
+  const int64_t tiles_n = (cols + kTileCols - 1) / kTileCols;
+  const char* x = static_cast<const char*>(p.x_ptr);
+  uint8_t* out = static_cast<uint8_t*>(p.out_ptr);
+  uint8_t* out_t = static_cast<uint8_t*>(p.out_t_ptr);
+  const QuantScale kind = p.scale_kind;
+  const bool vec_out = (cols & 7) == 0 && (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  const bool vec_out_t = (rows & 15) == 0 && (reinterpret_cast<uintptr_t>(out_t) & 15) == 0;
+
+  float mul_tensor = 1.0f;
+  if (kind == QuantScale::kTensor) mul_tensor = __ldg(p.scale_ptr);
+  if (kind == QuantScale::kFromAmax) {
+    const ScalePair s = scale_from_amax(__ldg(p.amax_in_ptr), p.qmax, p.pow2_scale);
+    mul_tensor = s.mul;
+    if (blockIdx.x == 0 && tid == 0 && p.scale_inv_ptr != nullptr) p.scale_inv_ptr[0] = s.inv;
+  }
+
+  uint32_t tensor_amax = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
+    const int64_t tm = tile / tiles_n;  // consecutive blocks walk along a row band of x
+    const int64_t tn = tile - tm * tiles_n;
+    const int64_t m0 = tm * kTileRows + 4 * mg;  // first of this thread's 4 rows
+    const int64_t n0 = tn * kTileCols + 8 * ng;  // first of this thread's 8 columns
+    const int ncount = int(cols - n0 < 8 ? (cols - n0 > 0 ? cols - n0 : 0) : 8);
+
+    float v[4][8];  // (rows, cols) of x
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + i;
+      if (m < rows && ncount > 0) {
+        const char* src = x + (m * p.x_row_stride + n0) * kInBytes;
+        if (kVec && ncount == 8) load_run<kIn, 8, kVec>(src, 8, v[i]);
+        else load_run<kIn, 8, false>(src, ncount, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[i][j] = 0.0f;
+      }
+    }
+
+    // Fused amax.
+    uint32_t ra[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      ra[i] = run_amax_bits(v[i]);
+      tensor_amax = max(tensor_amax, ra[i]);
+    }
+    if (p.amax_kind == QuantAmax::kRow) {
+      // Lanes l and l ^ 1 hold the two column groups of one row in this warp; 4 warps share each row of the tile.
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t r = max(ra[i], __shfl_xor_sync(0xffffffffu, ra[i], 1));
+        if ((lane & 1) == 0 && m0 + i < rows && r != 0) {
+          atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr) + (m0 + i), r);
+        }
+      }
+    }
+
+    // Cast.
+    float cmul[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      cmul[j] = (kind == QuantScale::kColumn && j < ncount) ? __ldg(p.scale_ptr + n0 + j) : 1.0f;
+    }
+    uint32_t b[4][2];  // (rows, 8 bytes as 2 words)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + i;
+      const float rmul = kind == QuantScale::kRow ? (m < rows ? __ldg(p.scale_ptr + m) : 0.0f)
+                         : kind == QuantScale::kColumn ? 1.0f
+                                                       : mul_tensor;
+      float y[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = v[i][j] * (kind == QuantScale::kColumn ? cmul[j] : rmul);
+      b[i][0] = pack4<kOut>(y[0], y[1], y[2], y[3]);
+      b[i][1] = pack4<kOut>(y[4], y[5], y[6], y[7]);
+    }
+
+    // Dual: the row-major output straight from registers.
+    if (out != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t m = m0 + i;
+        if (m >= rows || ncount == 0) continue;
+        uint8_t* dst = out + m * cols + n0;
+        if (vec_out && ncount == 8) {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(b[i][0], b[i][1]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (j < ncount) dst[j] = uint8_t(b[i][j >> 2] >> (8 * (j & 3)));
+          }
+        }
+      }
+    }
+
+    if (out_t != nullptr) {
+      // Column j of this thread: the bytes of rows m0..m0+3, little-endian, one word.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int sh = 8 * (j & 3);
+        const int k = j >> 2;
+        const uint32_t word = ((b[0][k] >> sh) & 0xffu) | (((b[1][k] >> sh) & 0xffu) << 8) |
+                              (((b[2][k] >> sh) & 0xffu) << 16) | (((b[3][k] >> sh) & 0xffu) << 24);
+        tile_t[swizzled_word(8 * ng + j, mg)] = word;
+      }
+      __syncthreads();
+      // out_t rows n (64 per tile), 8 chunks of 16 bytes each: 2 passes of 256 threads.
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        const int idx = pass * kTransposeThreads + tid;
+        const int r = idx >> 3;     // row of the transposed tile
+        const int chunk = idx & 7;  // 16-byte chunk of that row
+        const int64_t n = tn * kTileCols + r;
+        const int64_t m_first = tm * kTileRows + chunk * 16;
+        if (n < cols && m_first < rows) {
+          const uint4 w = *reinterpret_cast<const uint4*>(&tile_t[swizzled_word(r, chunk * 4)]);
+          uint8_t* dst = out_t + n * rows + m_first;
+          if (vec_out_t && m_first + 16 <= rows) {
+            *reinterpret_cast<uint4*>(dst) = w;
+          } else {
+            const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+            const int count = int(rows - m_first < 16 ? rows - m_first : 16);
+#pragma unroll
+            for (int q = 0; q < 16; ++q) {
+              if (q < count) dst[q] = uint8_t(words[q >> 2] >> (8 * (q & 3)));
+            }
+          }
+        }
+      }
+      __syncthreads();  // the next tile overwrites tile_t
+    }
+  }
+
+  if (p.amax_kind == QuantAmax::kTensor) {
+    uint32_t m = tensor_amax;
+    for (int o = 1; o < 32; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 0; w < kTransposeThreads / 32; ++w) m = max(m, red[w]);
+      if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), m);
+    }
+  }
+}
+
+}  // namespace quantize
+}  // namespace astrai

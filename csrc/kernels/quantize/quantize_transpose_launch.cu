@@ -1,0 +1,54 @@
+// Launcher of the tiled-transpose fp8 quantize kernel (layouts 1 and 2).
+#include <cstdint>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/quantize/quantize.h"
+#include "kernels/quantize/quantize_transpose.cuh"
+
+namespace astrai {
+namespace {
+
+using quantize::kTileCols;
+using quantize::kTileRows;
+using quantize::kTransposeThreads;
+
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+cudaError_t launch(const QuantizeParams& p, cudaStream_t stream) {
+  const int64_t tiles = ((p.rows + kTileRows - 1) / kTileRows) * ((p.cols + kTileCols - 1) / kTileCols);
+  int64_t grid = 0;
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, kTransposeThreads, p.max_blocks, &grid));
+  quantize::quantize_transpose_kernel<kIn, kOut, kVec><<<dim3(unsigned(grid)), dim3(kTransposeThreads), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <QuantIn kIn, QuantOut kOut>
+cudaError_t launch_vec(const QuantizeParams& p, cudaStream_t stream) {
+  // 16-byte loads of 8-element runs: x 16-byte aligned, row stride and cols multiples of 8 elements.
+  const bool vec = (reinterpret_cast<uintptr_t>(p.x_ptr) & 15u) == 0 && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
+  return vec ? launch<kIn, kOut, true>(p, stream) : launch<kIn, kOut, false>(p, stream);
+}
+
+template <QuantIn kIn>
+cudaError_t launch_out(const QuantizeParams& p, cudaStream_t stream) {
+  switch (p.out_type) {
+    case QuantOut::kE4M3: return launch_vec<kIn, QuantOut::kE4M3>(p, stream);
+    case QuantOut::kE5M2: return launch_vec<kIn, QuantOut::kE5M2>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+namespace quantize_detail {
+
+cudaError_t quantize_transpose_launch(const QuantizeParams& p, cudaStream_t stream) {
+  switch (p.in_type) {
+    case QuantIn::kBF16: return launch_out<QuantIn::kBF16>(p, stream);
+    case QuantIn::kF16: return launch_out<QuantIn::kF16>(p, stream);
+    case QuantIn::kF32: return launch_out<QuantIn::kF32>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace quantize_detail
+}  // namespace astrai

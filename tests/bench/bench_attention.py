@@ -1,0 +1,218 @@
+"""Benchmark: split-KV decode (contiguous and paged, page 16) against cuDNN and flash SDPA on the same K/V.
+
+Method (shared/MEASURE.md): CUDA events around replays of a CUDA graph that holds many calls, median over
+replays, inputs rotated over sets larger than the L2 cache; the anchors are measured in the same run:
+`scaled_dot_product_attention` under `sdpa_kernel(SDPBackend.CUDNN_ATTENTION)` and
+`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`, GQA through `enable_gqa=True`, over contiguous K/V (a paged
+cache is gathered into contiguous K/V for the anchors, outside the timed region). Bytes counted: K and V
+read once (2 * B * L * Hkv * D * 2), the floor every decode must move; q and out are negligible.
+
+    python tests/bench/bench_attention.py --json attention.json          # from the repository root, on a GPU
+    python tests/bench/bench_attention.py --shapes 1x4096 1x32768 16x4096 --replays 50
+
+Importable: `measure(batch, length, ...)` returns the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import astrai.extension  # noqa: F401
+except ImportError:  # run as a script from a source tree: the repository root is two levels up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_rotary import environment  # noqa: E402  the one machine record every bench script shares
+
+from astrai.extension.ops import attention as ops  # noqa: E402
+
+DEFAULT_SHAPES = ("1x512", "1x4096", "1x32768", "16x4096", "16x16384", "64x4096", "64x16384")
+PAGE_SIZE = 16
+
+
+def _l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or 60 << 20)
+
+
+def _make_set(batch, length, heads_q, heads_kv, head_dim) -> dict:
+    """Fresh random q, K, V (never zeros), a shuffled paged copy of K/V, lengths; anchors' views."""
+    dev = "cuda"
+    q = torch.randn(batch, heads_q, head_dim, device=dev).to(torch.bfloat16)
+    k = torch.randn(batch, length, heads_kv, head_dim, device=dev).to(torch.bfloat16)
+    v = torch.randn(batch, length, heads_kv, head_dim, device=dev).to(torch.bfloat16)
+    pages = -(-length // PAGE_SIZE)
+    table = torch.randperm(batch * pages, device=dev, dtype=torch.int32).view(batch, pages)
+    k_cache = torch.empty(batch * pages, PAGE_SIZE, heads_kv, head_dim, device=dev, dtype=torch.bfloat16)
+    v_cache = torch.empty_like(k_cache)
+    pad = pages * PAGE_SIZE - length
+    k_cache[table.long()] = F.pad(k, (0, 0, 0, 0, 0, pad)).view(batch, pages, PAGE_SIZE, heads_kv, head_dim)
+    v_cache[table.long()] = F.pad(v, (0, 0, 0, 0, 0, pad)).view(batch, pages, PAGE_SIZE, heads_kv, head_dim)
+    return {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "page_table": table,
+            "kv_lens": torch.full((batch,), length, dtype=torch.int32, device=dev),
+            # anchors: [B, H, 1, D] query, [B, Hkv, L, D] views of the same contiguous K/V
+            "q_sdpa": q.unsqueeze(2), "k_sdpa": k.transpose(1, 2), "v_sdpa": v.transpose(1, 2)}
+
+
+def _time_graph(step, sets, calls, replays) -> list[float]:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for s in sets:
+            step(s)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    held = collections.deque(maxlen=len(sets))
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            held.append(step(sets[i % len(sets)]))
+    held.clear()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    torch.cuda.synchronize()
+    return times
+
+
+def _sdpa_step(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def step(s):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(s["q_sdpa"], s["k_sdpa"], s["v_sdpa"], enable_gqa=True)
+    return step
+
+
+def _check(s: dict) -> None:
+    """Refuse to time kernels that disagree with float32 torch (beyond bf16 rounding); the first two
+    sequences, to bound the float32 copies."""
+    s = {**s, "q": s["q"][:2], "k": s["k"][:2], "v": s["v"][:2], "page_table": s["page_table"][:2],
+         "kv_lens": s["kv_lens"][:2]}
+    k = s["k"].float().repeat_interleave(s["q"].shape[1] // s["k"].shape[2], dim=2).transpose(1, 2)
+    v = s["v"].float().repeat_interleave(s["q"].shape[1] // s["v"].shape[2], dim=2).transpose(1, 2)
+    want = F.scaled_dot_product_attention(s["q"].float().unsqueeze(2), k, v).squeeze(2)
+    for name, got in (("contiguous", ops.attn_decode(s["q"], s["k"], s["v"], s["kv_lens"])),
+                      ("paged", ops.attn_paged_decode(s["q"], s["k_cache"], s["v_cache"], s["page_table"],
+                                                      s["kv_lens"]))):
+        err = (got.float() - want).abs().max().item()
+        if err > 2e-2:
+            raise RuntimeError(f"bench_attention: {name} decode disagrees with torch (max error {err:.3g})")
+
+
+def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128,
+            replays: int = 20, min_calls: int = 32, max_sets: int = 32) -> list[dict]:
+    """Rows for one (B, L): the contiguous and paged kernels, with the cuDNN and flash SDPA anchors."""
+    from torch.nn.attention import SDPBackend
+
+    ops.load()
+    kv_bytes = 2 * batch * length * heads_kv * head_dim * 2
+    n_sets = max(1, min(max_sets, math.ceil(3 * _l2_bytes() / kv_bytes)))
+    calls = n_sets * max(1, math.ceil(min_calls / n_sets))
+    sets = [_make_set(batch, length, heads_q, heads_kv, head_dim) for _ in range(n_sets)]
+    _check(sets[0])
+    steps = {
+        "contiguous": lambda s: ops.attn_decode(s["q"], s["k"], s["v"], s["kv_lens"]),
+        "paged16": lambda s: ops.attn_paged_decode(s["q"], s["k_cache"], s["v_cache"], s["page_table"],
+                                                   s["kv_lens"]),
+    }
+    anchors = {}
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            anchors[name] = statistics.median(_time_graph(_sdpa_step(be), sets, calls, replays))
+        except RuntimeError as exc:  # the backend refuses these shapes here
+            print(f"bench_attention: {name} SDPA unavailable for B={batch} L={length}: {str(exc).splitlines()[0]}",
+                  file=sys.stderr)
+            anchors[name] = None
+    rows = []
+    for kind, step in steps.items():
+        times = _time_graph(step, sets, calls, replays)
+        us = statistics.median(times)
+        row = {"batch": batch, "kv_len": length, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim,
+               "kind": kind, "kernel_us": us, "kernel_us_min": min(times), "kernel_us_max": max(times),
+               "kv_bytes": kv_bytes, "kernel_tbps": kv_bytes / us / 1e6,
+               "cudnn_us": anchors["cudnn"], "flash_us": anchors["flash"],
+               "input_sets": n_sets, "calls_per_graph": calls, "replays": replays}
+        for name in ("cudnn", "flash"):
+            a = anchors[name]
+            row[f"{name}_tbps"] = None if a is None else kv_bytes / a / 1e6
+            row[f"speedup_vs_{name}"] = None if a is None else a / us
+        rows.append(row)
+    del sets
+    torch.cuda.empty_cache()
+    return rows
+
+
+HEADER = ("B", "L", "kind", "kernel us", "TB/s", "cuDNN us", "cuDNN TB/s", "vs cuDNN", "flash us", "vs flash")
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def _format_row(r: dict) -> str:
+    return " ".join(f"{v:>10}" for v in (
+        r["batch"], r["kv_len"], r["kind"], _fmt(r["kernel_us"], ".2f"), _fmt(r["kernel_tbps"], ".2f"),
+        _fmt(r["cudnn_us"], ".2f"), _fmt(r["cudnn_tbps"], ".2f"), _fmt(r["speedup_vs_cudnn"], ".2f") + "x",
+        _fmt(r["flash_us"], ".2f"), _fmt(r["speedup_vs_flash"], ".2f") + "x"))
+
+
+def format_table(rows: list[dict]) -> str:
+    return "\n".join([" ".join(f"{h:>10}" for h in HEADER)] + [_format_row(r) for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="BxL pairs, e.g. 1x4096")
+    parser.add_argument("--heads-q", type=int, default=32)
+    parser.add_argument("--heads-kv", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--min-calls", type=int, default=32)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention: no CUDA device is visible", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    env_before = environment()
+    rows = []
+    print(format_table([]), flush=True)
+    for shape in args.shapes:
+        batch, length = (int(x) for x in shape.lower().split("x"))
+        new = measure(batch, length, heads_q=args.heads_q, heads_kv=args.heads_kv, head_dim=args.head_dim,
+                      replays=args.replays, min_calls=args.min_calls)
+        print("\n".join(_format_row(r) for r in new), flush=True)
+        rows += new
+    env = environment()
+    env["nvidia_smi_before"] = env_before["nvidia_smi"]
+    print()
+    print(f"{env['gpu']['name']} (sm_{env['gpu']['capability'].replace('.', '')}), driver CUDA {env['driver_cuda']}, "
+          f"torch {env['torch']}, image {(env['image'] or {}).get('name')}, {env['date']}")
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps({"environment": env, "rows": rows}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

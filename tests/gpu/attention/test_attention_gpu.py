@@ -1,0 +1,387 @@
+"""Tier 1 (GPU): split-KV decode (contiguous and paged) and the paged KV append against float64 references;
+bitwise suites (repeats, CUDA-graph replay, batch invariance, append), the public policy on CUDA, opcheck.
+
+Accuracy: the kernel's max error against the float64 truth is no worse than 2x torch's own bf16 error
+(SDPA on the same bf16 inputs against the same truth), with a floor of half a bf16 ulp of the largest
+output for tiny problems. Every bitwise check has a negative control.
+
+Batch invariance of decode: with a fixed `kv_split_size` a sequence's output is bitwise independent of the
+rest of the batch (each split covers fixed key positions and empty splits merge as exact zeros). With the
+automatic split (kv_split_size=0) the split length depends on B, Hkv and the SM count, so invariance holds
+only between batches that get the same plan; the test below checks the fixed mode and the auto mode where
+the plan is provably equal (every batch size whose plan saturates the minimum split length).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import attention as ref
+
+from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attn_backend
+from astrai.extension.backend import attention as backend
+from astrai.extension.ops import attention as ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_cuda_kernels("attention")]
+
+DEVICE = "cuda"
+BF16 = torch.bfloat16
+EPS = torch.finfo(BF16).eps
+HEADS = [(8, 8), (8, 4), (8, 2), (32, 8), (16, 2), (8, 1), (32, 1)]  # GQA 1, 2, 4, 4, 8, MQA 8, MQA 32
+HEAD_DIMS = (64, 128, 256)
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def rand_bf16(*shape):
+    return torch.randn(*shape, device=DEVICE).to(BF16)
+
+
+def lens_tensor(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+def assert_bitwise_equal(got, want, what=""):
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: {got.shape} vs {want.shape}"
+    differ = got.view(_INT_OF_SIZE[got.element_size()]) != want.view(_INT_OF_SIZE[want.element_size()])
+    if bool(differ.any()):
+        first = tuple(differ.nonzero()[0].tolist())
+        raise AssertionError(f"{what}: {int(differ.sum())} of {got.numel()} elements differ; first at {first}: "
+                             f"{got[first].item()!r} vs {want[first].item()!r}")
+
+
+def assert_detects_perturbation(t):
+    changed = t.clone()
+    flat = changed.view(_INT_OF_SIZE[t.element_size()]).view(-1)
+    flat[int(torch.randint(0, flat.numel(), ()))] ^= 1
+    with pytest.raises(AssertionError, match="1 of .* elements differ"):
+        assert_bitwise_equal(changed, t, "negative control")
+
+
+def sdpa_bf16(q, k, v, keep, scale=None):
+    """torch's own bf16 attention on the same inputs: SDPA with an explicit keep mask, zeros for empty rows."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=keep[:, None], scale=scale,
+                                         enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
+    return out.masked_fill(~keep.any(-1)[:, :, None, None], 0.0)
+
+
+def assert_matches_truth(out, q, k, v, *, kv_lens=None, attn_mask=None, valid=None, scale=None, what=""):
+    """out [B, Hq, D] bf16 (one query per sequence) vs the float64 truth, within 2x torch's bf16 error."""
+    assert out.dtype == BF16 and not bool(out.isnan().any()), f"{what}: NaN (an element not written?)"
+    q4 = q[:, None]
+    truth = ref.attention(q4, k, v, kv_lens=kv_lens, attn_mask=attn_mask, valid=valid, scale=scale)[:, 0]
+    keep = ref.keep_mask(q.shape[0], 1, k.shape[1], kv_lens=kv_lens, attn_mask=attn_mask, valid=valid, device=DEVICE)
+    base = (sdpa_bf16(q4, k, v, keep, scale)[:, 0].double() - truth).abs().max().item()
+    err = (out.double() - truth).abs().max().item()
+    floor = truth.abs().max().item() * EPS / 2 + 1e-6
+    assert err <= max(2 * base, floor), f"{what}: max error {err:.3g} vs torch bf16 {base:.3g}"
+
+
+def make_paged(k, v, kv_lens, page_size, *, extra_pages=3):
+    """Scatter contiguous [B, L, Hkv, D] into a shuffled paged cache; returns k_cache, v_cache, page_table."""
+    batch, length = k.shape[:2]
+    max_pages = -(-length // page_size)
+    num_pages = batch * max_pages + extra_pages
+    perm = torch.randperm(num_pages, device=DEVICE)[:batch * max_pages].view(batch, max_pages).to(torch.int32)
+    k_cache = rand_bf16(num_pages, page_size, *k.shape[2:])  # unused slots hold random data, never read
+    v_cache = rand_bf16(num_pages, page_size, *k.shape[2:])
+    pad = max_pages * page_size - length
+    kp = F.pad(k, (0, 0, 0, 0, 0, pad)).view(batch, max_pages, page_size, *k.shape[2:])
+    vp = F.pad(v, (0, 0, 0, 0, 0, pad)).view(batch, max_pages, page_size, *k.shape[2:])
+    k_cache[perm.long()] = kp
+    v_cache[perm.long()] = vp
+    return k_cache, v_cache, perm
+
+
+# --- correctness ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("heads", HEADS, ids=[f"{a}-{b}" for a, b in HEADS])
+@pytest.mark.parametrize("batch,length", [(1, 1), (1, 4099), (3, 989)])
+def test_decode_contiguous_matches_reference(batch, length, heads, head_dim):
+    hq, hkv = heads
+    q = rand_bf16(batch, hq, head_dim)
+    k, v = rand_bf16(batch, length, hkv, head_dim), rand_bf16(batch, length, hkv, head_dim)
+    lens = lens_tensor([length, 1, max(1, length // 3)][:batch])
+    out = ops.attn_decode(q, k, v, lens)
+    assert out.shape == q.shape and out.is_contiguous()
+    assert_matches_truth(out, q, k, v, kv_lens=lens, what="contiguous")
+    full = ops.attn_decode(q, k, v)  # kv_lens None: every key
+    assert_matches_truth(full, q, k, v, what="contiguous, no lengths")
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+@pytest.mark.parametrize("heads", [(32, 8), (8, 1), (4, 4)], ids=["32-8", "8-1", "4-4"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_paged_decode_matches_reference(page_size, heads, head_dim):
+    hq, hkv = heads
+    batch, length = 4, 1000
+    q = rand_bf16(batch, hq, head_dim)
+    k, v = rand_bf16(batch, length, hkv, head_dim), rand_bf16(batch, length, hkv, head_dim)
+    lens = lens_tensor([1000, 1, 17, 129])  # ragged, not multiples of the page size
+    k_cache, v_cache, table = make_paged(k, v, lens, page_size)
+    out = ops.attn_paged_decode(q, k_cache, v_cache, table, lens)
+    assert_matches_truth(out, q, k, v, kv_lens=lens, what=f"paged ps={page_size}")
+    contiguous = ops.attn_decode(q, k, v, lens)
+    assert_bitwise_equal(out, contiguous, "paged vs contiguous (same plan, same keys)")
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_decode_mask(paged):
+    batch, length = 3, 700
+    q, k, v = rand_bf16(batch, 32, 128), rand_bf16(batch, length, 8, 128), rand_bf16(batch, length, 8, 128)
+    lens = lens_tensor([700, 300, 5])
+    mask = torch.rand(batch, length, device=DEVICE) > 0.3
+    mask[2] = False  # nothing kept: zeros
+    if paged:
+        k_cache, v_cache, table = make_paged(k, v, lens, 16)
+        out = ops.attn_paged_decode(q, k_cache, v_cache, table, lens, mask=mask)
+    else:
+        out = ops.attn_decode(q, k, v, lens, mask=mask)
+    assert_matches_truth(out, q, k, v, kv_lens=lens, attn_mask=mask, what="mask")
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+def test_decode_scale_and_4d_q():
+    q, k, v = rand_bf16(2, 1, 8, 64), rand_bf16(2, 50, 2, 64), rand_bf16(2, 50, 2, 64)
+    out = ops.attn_decode(q, k, v, scale=0.3)
+    assert out.shape == (2, 1, 8, 64)
+    assert_matches_truth(out[:, 0], q[:, 0], k, v, scale=0.3, what="scale 0.3")
+
+
+def test_lengths_clamp_and_bad_page_ids_are_dropped():
+    """kv_lens past the table and page ids out of range: defined results, no illegal access."""
+    batch, length, ps = 3, 256, 16
+    q, k, v = rand_bf16(batch, 8, 128), rand_bf16(batch, length, 2, 128), rand_bf16(batch, length, 2, 128)
+    lens = lens_tensor([10_000, -5, 200])  # clamped to [0, 256]
+    k_cache, v_cache, table = make_paged(k, v, lens, ps)
+    table[0, 3] = -1
+    table[2, 1] = k_cache.shape[0] + 7
+    table[2, 5] = 2**31 - 1
+    out = ops.attn_paged_decode(q, k_cache, v_cache, table, lens)
+    torch.cuda.synchronize()
+    valid = torch.ones(batch, length, dtype=torch.bool, device=DEVICE)
+    valid[0, 48:64] = False
+    valid[2, 16:32] = False
+    valid[2, 80:96] = False
+    assert_matches_truth(out, q, k, v, kv_lens=lens.clamp(0, length), valid=valid, what="clamp + bad pages")
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_empty_batch_and_zero_lengths():
+    q, k = rand_bf16(0, 8, 128), rand_bf16(0, 10, 2, 128)
+    assert ops.attn_decode(q, k, k).shape == (0, 8, 128)
+    q, k = rand_bf16(2, 8, 128), rand_bf16(2, 10, 2, 128)
+    out = ops.attn_decode(q, k, k, lens_tensor([0, 0]))
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_non_contiguous_views():
+    qkv = rand_bf16(3, 48, 128)                      # q heads 0..31 of a fused projection
+    kv = rand_bf16(3, 300, 2, 8, 128)                # K and V interleaved in one buffer
+    q, k, v = qkv[:, :32], kv[:, :, 0], kv[:, :, 1]
+    lens = lens_tensor([300, 150, 1])
+    assert_matches_truth(ops.attn_decode(q, k, v, lens), q, k, v, kv_lens=lens, what="strided views")
+
+
+def test_smoke_test_passes():
+    ops.smoke_test()
+
+
+# --- bitwise suites -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_repeated_runs_are_bitwise_identical(paged):
+    batch, length = 2, 8191
+    q, k, v = rand_bf16(batch, 32, 128), rand_bf16(batch, length, 8, 128), rand_bf16(batch, length, 8, 128)
+    lens = lens_tensor([8191, 4000])
+    if paged:
+        k_cache, v_cache, table = make_paged(k, v, lens, 16)
+        run = lambda: ops.attn_paged_decode(q, k_cache, v_cache, table, lens)  # noqa: E731
+    else:
+        run = lambda: ops.attn_decode(q, k, v, lens)  # noqa: E731
+    outs = [run() for _ in range(10)]
+    for i, out in enumerate(outs[1:], 1):
+        assert_bitwise_equal(out, outs[0], f"run {i} vs run 0")
+    assert_detects_perturbation(outs[0])
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_cuda_graph_replay_is_bitwise_identical_to_eager(paged):
+    batch, length = 4, 3000
+    q, k, v = rand_bf16(batch, 32, 128), rand_bf16(batch, length, 8, 128), rand_bf16(batch, length, 8, 128)
+    lens = lens_tensor([3000, 1, 1500, 2999])
+    k_cache, v_cache, table = make_paged(k, v, lens, 16)
+
+    def run():
+        if paged:
+            return ops.attn_paged_decode(q, k_cache, v_cache, table, lens)
+        return ops.attn_decode(q, k, v, lens)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    for trial in range(3):
+        q.copy_(rand_bf16(*q.shape))
+        k.copy_(rand_bf16(*k.shape))
+        v.copy_(rand_bf16(*v.shape))
+        k_cache.copy_(rand_bf16(*k_cache.shape))
+        lens.copy_(lens_tensor([int(x) for x in torch.randint(0, length + 1, (batch,))]))
+        want = run()
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise_equal(static_out, want, f"graph replay {trial}")
+    assert_detects_perturbation(static_out)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+@pytest.mark.parametrize("split", [64, 256, 1000])
+def test_batch_invariance_with_fixed_split(paged, split):
+    """kv_split_size fixed: a sequence's output does not depend on the rest of the batch."""
+    batch, length = 8, 4096
+    q, k, v = rand_bf16(batch, 32, 128), rand_bf16(batch, length, 8, 128), rand_bf16(batch, length, 8, 128)
+    lens = lens_tensor([4096, 1, 77, 1000, 4000, 2048, 3, 999])
+    k_cache, v_cache, table = make_paged(k, v, lens, 16)
+
+    def run(rows):
+        if paged:
+            return ops.attn_paged_decode(q[rows], k_cache, v_cache, table[rows], lens[rows], kv_split_size=split)
+        return ops.attn_decode(q[rows], k[rows], v[rows], lens[rows], kv_split_size=split)
+
+    full = run(slice(0, batch))
+    for rows in (slice(0, 1), slice(1, 2), slice(3, 4), slice(2, 7), slice(7, 8)):
+        assert_bitwise_equal(run(rows), full[rows], f"rows {rows}")
+    assert_detects_perturbation(full)
+
+
+def test_batch_invariance_auto_when_the_plan_is_the_same():
+    """Automatic split: B = 1 and B = 2 at L = 2048 both hit the minimum split length (128 keys), so their
+    plans are equal and the outputs agree bitwise; a different plan may differ in the last bits."""
+    length = 2048
+    q, k, v = rand_bf16(2, 32, 128), rand_bf16(2, length, 8, 128), rand_bf16(2, length, 8, 128)
+    both = ops.attn_decode(q, k, v)
+    one = ops.attn_decode(q[:1], k[:1], v[:1])
+    assert_bitwise_equal(one, both[:1], "auto plan, B=1 vs B=2")
+
+
+# --- append and the cache -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+def test_append_is_bitwise_equal_to_reference(page_size):
+    hkv, d, batch, max_pages = 8, 128, 5, 6
+    num_pages = batch * max_pages + 2
+    k_cache, v_cache = rand_bf16(num_pages, page_size, hkv, d), rand_bf16(num_pages, page_size, hkv, d)
+    table = torch.randperm(num_pages, device=DEVICE)[:batch * max_pages].view(batch, max_pages).to(torch.int32)
+    table[1, 2] = -1
+    table[3, 0] = num_pages + 4
+    pairs = {(int(b), int(t)) for b, t in zip(torch.randint(-1, batch + 1, (300,)).tolist(),
+                                              torch.randint(-2, max_pages * page_size + 2, (300,)).tolist())}
+    seq_ids = torch.tensor([b for b, _ in pairs], dtype=torch.int32, device=DEVICE)  # distinct (seq, pos):
+    positions = torch.tensor([t for _, t in pairs], dtype=torch.int32, device=DEVICE)  # no slot is raced for
+    k_new, v_new = rand_bf16(seq_ids.numel(), hkv, d), rand_bf16(seq_ids.numel(), hkv, d)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    ref.paged_append(want_k, want_v, k_new, v_new, table, seq_ids, positions)
+    ops.paged_kv_append(k_cache, v_cache, k_new, v_new, table, seq_ids, positions)
+    assert_bitwise_equal(k_cache, want_k, "k_cache")
+    assert_bitwise_equal(v_cache, want_v, "v_cache")
+    assert_detects_perturbation(k_cache)
+
+
+def test_paged_cache_flow_matches_contiguous():
+    layers, hkv, d, ps = 2, 8, 128, 16
+    cache = PagedKVCache(layers, hkv, d, num_pages=512, page_size=ps, max_batch_size=4, max_pages_per_seq=64,
+                         device=DEVICE)
+    cache.reset(3)
+    prompt = [70, 10, 130]
+    ks = [rand_bf16(n, hkv, d) for n in prompt]
+    vs = [rand_bf16(n, hkv, d) for n in prompt]
+    cache.extend(prompt)
+    for layer in range(layers):
+        cache.append(layer, torch.cat(ks), torch.cat(vs))
+    for step in range(3):
+        cache.extend(1)
+        k_tok, v_tok = rand_bf16(3, 1, hkv, d), rand_bf16(3, 1, hkv, d)
+        for b in range(3):
+            ks[b] = torch.cat([ks[b], k_tok[b]])
+            vs[b] = torch.cat([vs[b], v_tok[b]])
+        for layer in range(layers):
+            cache.append(layer, k_tok, v_tok)
+    q = rand_bf16(3, 1, 32, d)
+    length = max(len(x) for x in ks)
+    k_full = torch.stack([F.pad(x, (0, 0, 0, 0, 0, length - len(x))) for x in ks])
+    v_full = torch.stack([F.pad(x, (0, 0, 0, 0, 0, length - len(x))) for x in vs])
+    lens = lens_tensor([len(x) for x in ks])
+    for layer in range(layers):
+        out = attention(q, kv_cache=cache, layer_id=layer, fwd="decode")
+        assert_matches_truth(out[:, 0], q[:, 0], k_full, v_full, kv_lens=lens, what=f"cache layer {layer}")
+        with attn_backend(ATTN_BACKEND.TORCH):
+            torch_out = attention(q, kv_cache=cache, layer_id=layer, fwd="decode")
+        assert (out.double() - torch_out.double()).abs().max() < 0.05
+
+
+# --- the public policy on CUDA --------------------------------------------------------------------------------
+
+def test_public_api_uses_the_kernels_for_decode_and_falls_back_for_prefill():
+    q, k, v = rand_bf16(2, 1, 32, 128), rand_bf16(2, 500, 8, 128), rand_bf16(2, 500, 8, 128)
+    call = backend._canonical(q, k, v, None, None, None, False, None, None, None)
+    assert backend.select_backend(call).name == "cuda"
+    assert_bitwise_equal(attention(q, k, v), ops.attn_decode(q, k, v), "public decode vs op")
+    q_pre = rand_bf16(2, 7, 32, 128)
+    with torch.no_grad():
+        out = attention(q_pre, k, v, is_causal=True)  # prefill: flash or torch
+    truth = ref.attention(q_pre, k, v, is_causal=True)
+    assert (out.double() - truth).abs().max() < 0.05
+    with attn_backend("cuda"), pytest.raises(ValueError, match="prefill kernels are not built yet"):
+        attention(q_pre, k, v)
+
+
+def test_training_call_never_uses_the_kernels():
+    q = rand_bf16(2, 1, 8, 128).requires_grad_()
+    k, v = rand_bf16(2, 50, 2, 128), rand_bf16(2, 50, 2, 128)
+    call = backend._canonical(q, k, v, None, None, None, False, None, None, None)
+    assert backend.select_backend(call).name in ("flash", "torch")
+    attention(q, k, v).float().sum().backward()
+    assert q.grad is not None
+
+
+def test_side_stream():
+    q, k, v = rand_bf16(2, 32, 128), rand_bf16(2, 4000, 8, 128), rand_bf16(2, 4000, 8, 128)
+    want = ops.attn_decode(q, k, v)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = ops.attn_decode(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert_bitwise_equal(got, want, "side stream")
+
+
+@pytest.mark.parametrize("name", ["attn_decode", "attn_paged_decode", "paged_kv_append"])
+def test_opcheck(name):
+    q, k = rand_bf16(2, 8, 128), rand_bf16(2, 64, 2, 128)
+    lens = lens_tensor([64, 9])
+    k_cache, v_cache, table = make_paged(k, k, lens, 16)
+    args = {
+        "attn_decode": (q, k, k.clone(), lens, None, 0.1, 0),
+        "attn_paged_decode": (q, k_cache, v_cache, table, lens, None, 0.1, 0),
+        "paged_kv_append": (k_cache, v_cache, rand_bf16(3, 2, 128), rand_bf16(3, 2, 128), table,
+                            lens_tensor([0, 1, 1]), lens_tensor([64, 9, 10])),
+    }[name]
+    torch.library.opcheck(getattr(torch.ops.astrai, name).default, args)
+
+
+def test_validation_names_the_op_on_cuda():
+    q, k = rand_bf16(2, 8, 96), rand_bf16(2, 10, 2, 96)
+    with pytest.raises(RuntimeError, match=r"astrai\.attn_decode: head_dim \(q\.size\(2\)\) must be 64, 128 or 256"):
+        ops.attn_decode(q, k, k)
+    assert math.isfinite(1.0)

@@ -1,0 +1,145 @@
+"""Tier 0: ci/bench_gate.py on fixture JSON: a regression fails, noise is reported as inconclusive, baselines
+update only on request, and the stored H200 baseline matches the suite's case names."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "ci"))
+import bench_gate  # noqa: E402
+
+RESULT = ROOT / "docs" / "results" / "2026-11-29_h200_rotary.json"
+BASELINE = ROOT / "benchmarks" / "baselines" / "h200"
+
+
+def pytest_benchmark_json(cases: dict[str, tuple[float, float]], gpu: str = "NVIDIA H200") -> dict:
+    """A pytest-benchmark-shaped run: {case: (ratio, spread)}."""
+    return {
+        "machine_info": {"astrai": {"gpu": {"name": gpu}, "date": "2026-12-01T00:00:00+00:00"}},
+        "commit_info": {"id": "0123456789abcdef"}, "datetime": "2026-12-01T00:00:00",
+        "benchmarks": [{"name": f"test[{c}]", "stats": {"median": 1e-5},
+                        "extra_info": {"case": c, "ratio": r, "spread": s, "ratios": [r], "kernel_us": 2.0,
+                                       "anchor": "torch path", "anchor_us": 2.0 * r, "fraction_of_ceiling": 0.9,
+                                       "tbps": 3.5}} for c, (r, s) in cases.items()],
+    }
+
+
+@pytest.fixture
+def baseline_dir(tmp_path):
+    d = tmp_path / "baselines" / "h200"
+    d.mkdir(parents=True)
+    (d / "fam.json").write_text(json.dumps({"cases": {
+        "fam.a": {"ratio": 10.0, "spread": 0.01},
+        "fam.b": {"ratio": 10.0, "spread": 0.01},
+        "fam.loose": {"ratio": 10.0, "spread": 0.01, "threshold": 0.20},
+        "fam.gone": {"ratio": 1.0}}}))
+    return d
+
+
+def gate(tmp_path, baseline_dir, cases, *extra):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(pytest_benchmark_json(cases)))
+    report = tmp_path / "report.json"
+    rc = bench_gate.main([str(run), "--baseline-dir", str(baseline_dir), "--report", str(report), *extra])
+    data = json.loads(report.read_text())
+    return rc, {r["case"]: r["verdict"] for r in data["rows"]}, data
+
+
+def test_within_threshold_passes(tmp_path, baseline_dir):
+    rc, verdicts, data = gate(tmp_path, baseline_dir, {"fam.a": (9.7, 0.01), "fam.b": (10.2, 0.01),
+                                                       "fam.loose": (9.0, 0.01), "fam.new": (3.0, 0.0)})
+    assert rc == 1  # fam.gone was not measured: a dropped case must not pass silently
+    assert verdicts == {"fam.a": "pass", "fam.b": "pass", "fam.loose": "pass", "fam.new": "new", "fam.gone": "missing"}
+    rc, _, _ = gate(tmp_path, baseline_dir, {"fam.a": (9.7, 0.01)}, "--allow-missing")
+    assert rc == 0
+
+
+def test_regression_beyond_threshold_fails(tmp_path, baseline_dir):
+    """The negative control: the same gate fails when one case's ratio falls 8% with 1% noise."""
+    rc, verdicts, data = gate(tmp_path, baseline_dir, {"fam.a": (9.2, 0.01), "fam.b": (10.0, 0.01)}, "--allow-missing")
+    assert rc == 1 and not data["passed"]
+    assert verdicts["fam.a"] == "FAIL" and verdicts["fam.b"] == "pass"
+    assert data["rows"][0]["case"] == "fam.a"  # worst first
+
+
+def test_per_case_threshold_override(tmp_path, baseline_dir):
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.loose": (8.5, 0.01)}, "--allow-missing")
+    assert rc == 0 and verdicts["fam.loose"] == "pass"
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.loose": (7.5, 0.01)}, "--allow-missing")
+    assert rc == 1 and verdicts["fam.loose"] == "FAIL"
+
+
+def test_noisy_case_is_inconclusive_not_passed(tmp_path, baseline_dir):
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.a": (10.0, 0.12), "fam.b": (9.0, 0.15)}, "--allow-missing")
+    assert verdicts == {"fam.a": "inconclusive", "fam.b": "inconclusive", "fam.loose": "missing",
+                        "fam.gone": "missing"}
+    assert rc == 0
+    rc, _, _ = gate(tmp_path, baseline_dir, {"fam.a": (10.0, 0.12)}, "--strict", "--allow-missing")
+    assert rc == 1
+
+
+def test_a_run_without_cases_fails(tmp_path, baseline_dir):
+    rc, _, _ = gate(tmp_path, baseline_dir, {}, "--allow-missing")
+    assert rc == 1
+
+
+def test_a_fall_far_beyond_the_noise_still_fails(tmp_path, baseline_dir):
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.a": (5.0, 0.12)}, "--allow-missing")
+    assert rc == 1 and verdicts["fam.a"] == "FAIL"
+
+
+def test_improvement_is_reported(tmp_path, baseline_dir):
+    _, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.a": (12.0, 0.01)}, "--allow-missing")
+    assert verdicts["fam.a"] == "pass (improved)"
+
+
+def test_no_baseline_fails(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(pytest_benchmark_json({"fam.a": (1.0, 0.0)})))
+    assert bench_gate.main([str(run), "--baseline-dir", str(tmp_path / "none")]) == 1
+
+
+def test_update_baseline_is_explicit_and_keeps_overrides(tmp_path, baseline_dir):
+    before = (baseline_dir / "fam.json").read_text()
+    gate(tmp_path, baseline_dir, {"fam.loose": (7.0, 0.01)})
+    assert (baseline_dir / "fam.json").read_text() == before  # gating never writes
+    run = tmp_path / "run.json"
+    assert bench_gate.main([str(run), "--baseline-dir", str(baseline_dir), "--update-baseline"]) == 0
+    cases = json.loads((baseline_dir / "fam.json").read_text())["cases"]
+    assert cases["fam.loose"]["ratio"] == 7.0 and cases["fam.loose"]["threshold"] == 0.20
+
+
+def test_runs_pool_into_one_spread(tmp_path):
+    runs = []
+    for i, r in enumerate((10.0, 10.5, 9.5)):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps(pytest_benchmark_json({"fam.a": (r, 0.0)})))
+        runs.append(bench_gate.load_run(p))
+    merged = bench_gate.merge_runs(runs)["cases"]["fam.a"]
+    assert merged["ratio"] == 10.0 and merged["spread"] == pytest.approx(0.1)
+
+
+def test_gpu_slug():
+    assert bench_gate.gpu_slug("NVIDIA H200") == "h200"
+    assert bench_gate.gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+    assert bench_gate.gpu_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+
+
+def test_stored_h200_baseline_matches_the_real_run_and_the_suite():
+    """The committed baseline came from the committed H200 run, and names exactly the suite's cases."""
+    run = bench_gate.load_run(RESULT)
+    baseline = bench_gate.load_baseline(BASELINE)
+    rotary = {c for c in baseline if c.startswith("rotary.")}
+    assert rotary == set(run["cases"])
+    assert all(v["verdict"] == "pass" for v in bench_gate.gate(run, {c: baseline[c] for c in rotary}, 0.05))
+    source = json.loads((BASELINE / "rotary.json").read_text())
+    assert "2026-11-29_h200_rotary.json" in source["source"]
+    sys.path.insert(0, str(ROOT / "tests" / "bench"))
+    import test_bench_rotary as suite
+    suite_cases = {suite.case_id(t, p, m) for t in suite.TOKENS for p in suite.PAIRINGS for m in ("out_of_place", "in_place")}
+    assert suite_cases == rotary

@@ -1,0 +1,1 @@
+"""Helpers shared by every family's tests (import as `support.<module>`; tests/ is on sys.path via conftest)."""

@@ -1,0 +1,30 @@
+"""What each astrai op promises, recorded once for the bitwise suites (adding an op means adding a line here;
+tests/harness/test_op_properties.py fails on an op registered by an image but missing from this table).
+
+batch_invariant: row (token) i of a batched call is bit-identical to the call on row i alone, whatever else
+shares the launch. Ops that reduce across rows (e.g. a per-tensor scale) cannot promise it.
+"""
+
+from __future__ import annotations
+
+BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
+    # op name (torch.ops.astrai.<name>): (promise, why)
+    "rotary_embedding": (True, "each token is rotated on its own: no reduction across tokens"),
+    "rotary_embedding_qk": (True, "each token is rotated on its own: no reduction across tokens"),
+    "rotary_embedding_": (True, "each token is rotated on its own: no reduction across tokens"),
+    "quantize": (True, "a given multiplier: each row is cast on its own (amax='tensor', an extra output, "
+                       "is a whole-tensor reduction and is not covered)"),
+    "quantize_dynamic": (False, "granularity='tensor' derives the multiplier from the whole tensor's amax "
+                                "(granularity='row' alone would be row-invariant)"),
+    "quantize_block": (False, "block_rows=128 shares one multiplier across 128 rows (block_rows=1 alone would "
+                              "be row-invariant)"),
+    "scale_layout": (True, "a relayout of scale factors: each row's values are moved, never combined"),
+    "attn_decode": (False, "kv_split_size=0 (the default) picks the KV split from the batch's shapes and the SM "
+                           "count; only a fixed kv_split_size makes a sequence independent of the batch"),
+    "attn_paged_decode": (False, "as attn_decode: the default KV split depends on the whole batch"),
+    "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
+}
+
+
+def batch_invariant(op: str) -> bool:
+    return BATCH_INVARIANT[op][0]
