@@ -15,22 +15,22 @@ Example::
 """
 
 from astrai.extension import loader
+from astrai.extension.backend.attention import ATTN_BACKEND, PagedKVCache, attention, attn_backend, set_op
+from astrai.extension.backend.quantize import (DelayedScaling, DynamicScaling, fp8_autocast, fp8_scale_layout,
+                                                quantize_fp8, quantize_fp8_block, quantize_fp8_dynamic,
+                                                quantize_int8_per_channel, quantize_int8_per_row)
 from astrai.extension.backend.rotary import apply_rotary_emb, apply_rotary_emb_qk, rotary_cos_sin_cache
-from astrai.extension.backend.attention import (ATTN_BACKEND, PagedKVCache, attention, attn_backend,
-                                                 set_op)
 
-__all__ = ["apply_rotary_emb", "apply_rotary_emb_qk", "rotary_cos_sin_cache", "loader",
-           "attention", "ATTN_BACKEND", "attn_backend", "set_op", "PagedKVCache"]
+info = loader.info
 
-from astrai.extension.backend.quantize import (DelayedScaling, DynamicScaling, fp8_autocast,  # noqa: E402
-                                                fp8_scale_layout, quantize_fp8, quantize_fp8_block,
-                                                quantize_fp8_dynamic, quantize_int8_per_channel,
-                                                quantize_int8_per_row)
-
-__all__ += ["quantize_fp8", "quantize_fp8_dynamic", "quantize_fp8_block", "fp8_scale_layout",
-            "quantize_int8_per_row", "quantize_int8_per_channel", "fp8_autocast", "DelayedScaling",
-            "DynamicScaling"]
-
-if hasattr(loader, "info"):
-    info = loader.info
-    __all__.append("info")
+__all__ = [
+    # rotary
+    "apply_rotary_emb", "apply_rotary_emb_qk", "rotary_cos_sin_cache",
+    # attention
+    "attention", "ATTN_BACKEND", "attn_backend", "set_op", "PagedKVCache",
+    # quantization
+    "quantize_fp8", "quantize_fp8_dynamic", "quantize_fp8_block", "fp8_scale_layout",
+    "quantize_int8_per_row", "quantize_int8_per_channel", "fp8_autocast", "DelayedScaling", "DynamicScaling",
+    # the loader
+    "loader", "info",
+]

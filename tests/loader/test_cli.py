@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import astrai
+
 REPO = Path(__file__).resolve().parents[2]
+# Where the `astrai` under test lives: the source tree, or site-packages when the tier-0 suite runs
+# against an installed wheel or conda package (ci/offline_install.py); subprocesses import the same one.
+PACKAGE_PARENT = Path(astrai.__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
@@ -19,10 +24,10 @@ def run_cli(*args: str, env_extra: dict[str, str]) -> subprocess.CompletedProces
     env.update({
         "ASTRAI_IGNORE_PACKAGE_IMAGES": "1",
         "CUDA_VISIBLE_DEVICES": "",  # no GPU visible, even on a GPU machine
-        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE_PARENT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     })
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "astrai.extension", *args], env=env, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "astrai.extension", *args], env=env, cwd=PACKAGE_PARENT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -89,7 +94,7 @@ def test_import_never_raises_or_scans(tmp_path):
     code = ("import astrai.extension.loader as l; "
             "assert l._state.selection is None; print('ok')")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"PYTHONPATH": str(REPO), "ASTRAI_IMAGE": "cu999",
+    env.update({"PYTHONPATH": str(PACKAGE_PARENT), "ASTRAI_IMAGE": "cu999",
                 "ASTRAI_IMAGE_PATH": f"{tmp_path / 'missing'}::/dev/null"})
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
