@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/attention/async_copy.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/common/vec_types.cuh"
 
@@ -33,6 +34,13 @@ struct DecodeTraits {
   // registers for q and the accumulators, so they take 2.
   static constexpr int kKeys = kGroup <= 4 ? 4 : 2;
   static constexpr int kStep = kTokenGroups * kKeys;                 // keys per block step
+  // K/V staging: each thread cp.asyncs the 16-byte runs it will itself read (so no barrier is needed in
+  // the loop) into a ring of kStages steps; kStages - 1 steps are in flight while one is computed.
+  // 48 KB per block whatever the shape (the epilogue reuses it).
+  static constexpr int kSmemBytes = 48 * 1024;
+  static constexpr int kStageBytes = kDecodeThreads * kKeys * 2 * 16;  // K and V of kKeys keys per thread
+  static constexpr int kStages = kSmemBytes / kStageBytes;             // 3 (kKeys 4) or 6 (kKeys 2)
+  static_assert(kStages >= 2, "the ring needs two stages");
 };
 
 // Where key t of sequence b lives. Contiguous: [B, L, Hkv, D]. Paged: page_table[b, t >> log2(page_size)],
@@ -75,7 +83,9 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u);
 // Split s covers keys [s * split_len, min((s + 1) * split_len, kv_len)). Keys past kv_len, masked, past
 // mask_len or on an invalid page are dropped. A query with no kept key gets 0 (lse -inf).
 template <int kHeadDim, int kGroup, bool kPaged>
-__global__ void __launch_bounds__(kDecodeThreads) decode_split_kv_kernel(const __grid_constant__ DecodeParams p) {
+// Min blocks per SM: 4 keeps G <= 4 at <= 128 registers (4 x 48 KB of ring fit an H100/H200 SM).
+__global__ void __launch_bounds__(kDecodeThreads, kGroup <= 4 ? 4 : 2)
+    decode_split_kv_kernel(const __grid_constant__ DecodeParams p) {
   using Traits = DecodeTraits<kHeadDim, kGroup>;
   constexpr int kLanes = Traits::kLanes;
   constexpr int kTokenGroups = Traits::kTokenGroups;
@@ -83,9 +93,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kv_kernel(const _
   constexpr int kStep = Traits::kStep;
   using bf16 = __nv_bfloat16;
 
-  __shared__ __align__(16) float sm_o[kTokenGroups][kGroup][kHeadDim];  // per lane group: unnormalized o
-  __shared__ float sm_m[kTokenGroups][kGroup];                          // per lane group: running max (log2)
-  __shared__ float sm_l[kTokenGroups][kGroup];                          // per lane group: sum of exp2
+  constexpr int kStages = Traits::kStages;
+  // The K/V ring during the loop: [kStages][kKeys][K, V][kDecodeThreads] 16-byte runs; thread tid only
+  // touches column tid. After the loop (and a barrier) the same bytes hold the lane groups' states.
+  __shared__ __align__(16) uint4 sm_ring[kStages * kKeys * 2 * kDecodeThreads];
+  static_assert(sizeof(sm_ring) == Traits::kSmemBytes, "ring size");
+  static_assert(sizeof(float) * kTokenGroups * kGroup * (kHeadDim + 2) <= sizeof(sm_ring), "epilogue fits the ring");
+  // per lane group: unnormalized o, running max (log2), sum of exp2
+  auto& sm_o = *reinterpret_cast<float(*)[kTokenGroups][kGroup][kHeadDim]>(&sm_ring[0]);
+  auto& sm_m = *reinterpret_cast<float(*)[kTokenGroups][kGroup]>(
+      reinterpret_cast<float*>(&sm_ring[0]) + kTokenGroups * kGroup * kHeadDim);
+  auto& sm_l = *reinterpret_cast<float(*)[kTokenGroups][kGroup]>(
+      reinterpret_cast<float*>(&sm_ring[0]) + kTokenGroups * kGroup * (kHeadDim + 1));
 
   const int group_size = p.num_q_heads / p.num_kv_heads;
   const int head_groups = (group_size + kGroup - 1) / kGroup;
@@ -135,10 +154,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kv_kernel(const _
   const bf16* v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(kvh) * p.v_head_stride + d0);
   const uint8_t* mask_row = p.mask_ptr == nullptr ? nullptr : p.mask_ptr + int64_t(b) * p.mask_batch_stride;
 
-  // Block-uniform loop: every lane reaches every shuffle.
-  for (int base = start; base < end; base += kStep) {
-    uint4 kr[kKeys], vr[kKeys];  // (kKeys,) raw 16-byte runs of K and V
-    bool keep[kKeys];
+  // Starts the copies of step `step` (keys base + j * kTokenGroups + tg) into ring slot `slot`; returns
+  // the keep bits of its kKeys keys. Dropped keys copy nothing. Always commits one group (maybe empty).
+  auto issue = [&](int step, int slot) -> uint32_t {
+    uint32_t bits = 0;
+    const int base = start + step * kStep;
+    uint4* dst = &sm_ring[slot * (kKeys * 2 * kDecodeThreads) + tid];
 #pragma unroll
     for (int j = 0; j < kKeys; ++j) {
       const int t = base + j * kTokenGroups + tg;
@@ -146,15 +167,53 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kv_kernel(const _
       if (ok && mask_row != nullptr) ok = t < p.mask_len && mask_row[t] != 0;
       int64_t k_off = 0, v_off = 0;
       if (ok) ok = KvSource<kPaged>::locate(p, b, t, k_off, v_off);
-      keep[j] = ok;
       if (ok) {
-        kr[j] = __ldg(reinterpret_cast<const uint4*>(k_base + k_off));
-        vr[j] = __ldg(reinterpret_cast<const uint4*>(v_base + v_off));
+        cp_async16(dst + (2 * j) * kDecodeThreads, k_base + k_off);
+        cp_async16(dst + (2 * j + 1) * kDecodeThreads, v_base + v_off);
+        bits |= 1u << j;
+      }
+    }
+    cp_async_commit();
+    return bits;
+  };
+
+  // keep bits of the steps in flight: ring slot r holds bits [r * kKeys, (r + 1) * kKeys).
+  constexpr uint32_t kKeyBits = (1u << kKeys) - 1u;
+  uint32_t keep_ring = 0;
+  const int steps = end > start ? (end - start + kStep - 1) / kStep : 0;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    const uint32_t bits = st < steps ? issue(st, st) : (cp_async_commit(), 0u);
+    keep_ring |= bits << (st * kKeys);
+  }
+
+  // Block-uniform loop: every lane reaches every shuffle. Step `step` is read from slot step % kStages;
+  // before computing it, step + kStages - 1 is started into the slot step - 1 freed (this thread's own).
+  int slot = 0;
+  for (int step = 0; step < steps; ++step) {
+    {
+      const int ahead = step + kStages - 1;
+      const int ahead_slot = slot == 0 ? kStages - 1 : slot - 1;
+      const uint32_t bits = ahead < steps ? issue(ahead, ahead_slot) : (cp_async_commit(), 0u);
+      keep_ring = (keep_ring & ~(kKeyBits << (ahead_slot * kKeys))) | (bits << (ahead_slot * kKeys));
+    }
+    cp_async_wait<kStages - 1>();  // this thread's copies of `step` have landed
+
+    uint4 kr[kKeys], vr[kKeys];  // (kKeys,) raw 16-byte runs of K and V
+    bool keep[kKeys];
+    const uint4* src = &sm_ring[slot * (kKeys * 2 * kDecodeThreads) + tid];
+#pragma unroll
+    for (int j = 0; j < kKeys; ++j) {
+      keep[j] = (keep_ring >> (slot * kKeys + j)) & 1u;
+      if (keep[j]) {
+        kr[j] = src[(2 * j) * kDecodeThreads];
+        vr[j] = src[(2 * j + 1) * kDecodeThreads];
       } else {
         kr[j] = make_uint4(0, 0, 0, 0);
         vr[j] = make_uint4(0, 0, 0, 0);
       }
     }
+    slot = slot + 1 == kStages ? 0 : slot + 1;
 
     float s[kKeys][kGroup];  // scores, exp2 domain
 #pragma unroll
@@ -187,11 +246,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kv_kernel(const _
         m_new = fmaxf(m_new, s[j][g]);
       }
       if (m_new == neg_inf()) continue;  // nothing kept yet: the state stays empty
-      const float alpha = exp2f(m[g] - m_new);  // 0 when m was -inf
-      l[g] *= alpha;
+      // Rescale only when the max grew: with m_new == m the factor would be exp2(0) == 1 (a no-op), and
+      // after the first keys the max rarely moves, so this saves the exp2 and G * 9 multiplies per step.
+      if (m_new > m[g]) {
+        const float alpha = exp2f(m[g] - m_new);  // 0 when m was -inf
+        l[g] *= alpha;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
-      m[g] = m_new;
+        for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+        m[g] = m_new;
+      }
 #pragma unroll
       for (int j = 0; j < kKeys; ++j) {
         const float pj = exp2f(s[j][g] - m_new);  // 0 for dropped keys
@@ -204,7 +267,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kv_kernel(const _
     }
   }
 
-  // Merge the lane groups' states in a fixed order (deterministic), then normalize.
+  // Merge the lane groups' states in a fixed order (deterministic), then normalize. The states overwrite
+  // the ring: every thread's copies are done (only empty groups can be pending) and read.
+  cp_async_wait<0>();
+  __syncthreads();
   if (tid % kLanes == 0) {
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
