@@ -78,6 +78,58 @@ __device__ __forceinline__ void load_run(const void* src, int count, float (&v)[
   }
 }
 
+// N (default: one 16-element step) consecutive elements of x in their own bits: 32-bit words (two 16-bit
+// elements per word, low half first; or one float32). Loads land in these words and are converted where they are used, so a thread can keep more
+// steps in flight (and in registers) than as float32.
+template <QuantIn kIn, int N = kStep>
+struct StepWords {
+  static constexpr int kCount = N * (kIn == QuantIn::kF32 ? 4 : 2) / 4;  // 16-element step: 16 or 8
+};
+
+// Loads N elements (kVec: 16-byte loads, src 16-byte aligned and all N valid; else element loads of the first
+// `count` elements, zero bits after them: +0.0 in every input type, as load_run gives).
+template <QuantIn kIn, bool kVec, int N = kStep>
+__device__ __forceinline__ void load_step_raw(const void* src, int count, uint32_t (&w)[StepWords<kIn, N>::kCount]) {
+  constexpr int kWords = StepWords<kIn, N>::kCount;
+  if constexpr (kVec) {
+#pragma unroll
+    for (int j = 0; j < kWords / 4; ++j) {
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(src) + j);
+      w[4 * j] = q.x;
+      w[4 * j + 1] = q.y;
+      w[4 * j + 2] = q.z;
+      w[4 * j + 3] = q.w;
+    }
+  } else if constexpr (kIn == QuantIn::kF32) {
+    const uint32_t* s = static_cast<const uint32_t*>(src);
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = i < count ? __ldg(s + i) : 0u;
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      const uint32_t lo = 2 * k < count ? uint32_t(__ldg(s + 2 * k)) : 0u;
+      const uint32_t hi = 2 * k + 1 < count ? uint32_t(__ldg(s + 2 * k + 1)) : 0u;
+      w[k] = lo | (hi << 16);
+    }
+  }
+}
+
+// The N elements loaded by load_step_raw, as float32 (the values load_run gives).
+template <QuantIn kIn, int N = kStep>
+__device__ __forceinline__ void unpack_step(const uint32_t (&w)[StepWords<kIn, N>::kCount], float (&v)[N]) {
+  if constexpr (kIn == QuantIn::kF32) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = __uint_as_float(w[i]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      v[2 * k] = InTraits<kIn>::to_float(uint16_t(w[k] & 0xffffu));
+      v[2 * k + 1] = InTraits<kIn>::to_float(uint16_t(w[k] >> 16));
+    }
+  }
+}
+
 // |v| as ordered bits: for non-negative floats the unsigned order is the float order, and every NaN sorts
 // above +inf, so a max over these bits is max |x| and propagates NaN (as torch.amax does).
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }

@@ -12,13 +12,16 @@ namespace quantize {
 
 constexpr int kRowsBlockThreads = 256;
 constexpr int kRowsMaxWarps = kRowsBlockThreads / 32;
-// Steps (16 elements) of a row a thread keeps in registers between the amax and the cast of dynamic per-row
-// quantization; later steps of longer rows are read again (from L1/L2: the row was just read).
-constexpr int kRowCache = 2;
+// Steps (16 elements) of a row a thread keeps in registers, in x's own bits (64 words: 256 bytes), between the
+// amax and the cast of dynamic per-row quantization; later steps of longer rows are read again (from L1/L2:
+// the row was just read). The launcher picks the fewest threads per row that hold the row this way: one warp
+// for N <= 4096 (16-bit x) or 2048 (float32), so the row's amax takes shuffles only, no block barrier.
+constexpr int row_cache_steps(QuantIn in) { return in == QuantIn::kF32 ? 4 : 8; }
 // Threads that share one 1 x 128 group (8 x 16 elements): consecutive lanes.
 constexpr int kGroupLanes = 8;
-// Steps per loop iteration of the static and group paths: 2 x 32 bytes of bf16 in flight per thread.
-constexpr int kUnroll = 2;
+// Steps per loop iteration of the static and group paths, all loaded (in x's own bits) before the first
+// store: 4 x 32 bytes of bf16 in flight per thread.
+constexpr int kUnroll = 4;
 
 // Work layout:
 //   threadIdx.x: step of the row (16 consecutive elements), looping by blockDim.x (a power of two, 8..256;
@@ -31,8 +34,24 @@ constexpr int kUnroll = 2;
 // per row, 1 x 128 groups, or per-column multipliers.
 enum class RowsMode : int { kStatic = 0, kDynamicRow = 1, kGroup = 2, kColumn = 3 };
 
+// Blocks per SM the compiler must fit (its register cap: 2 -> 128, 4 -> 64 per thread). 4 where the code fits
+// 64 registers without spilling (bf16, 16-byte moves, static and group multipliers on sm_89 / sm_90: checked
+// with -Xptxas -v; sm_80 and sm_120 spill a few bytes there): 1024 threads x 128 bytes of loads in flight per
+// SM; 2 elsewhere (dynamic rows hold 256 bytes per thread).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 890 && __CUDA_ARCH__ != 900
+constexpr bool kRowsFourBlocks = false;
+#else
+constexpr bool kRowsFourBlocks = true;
+#endif
+template <QuantIn kIn, bool kVec, RowsMode kMode>
+constexpr int rows_min_blocks() {
+  return kRowsFourBlocks && kIn == QuantIn::kBF16 && kVec && (kMode == RowsMode::kStatic || kMode == RowsMode::kGroup)
+             ? 4
+             : 2;
+}
+
 template <QuantIn kIn, QuantOut kOut, bool kVec, RowsMode kMode>
-__global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(const __grid_constant__ QuantizeParams p) {
+__global__ void __launch_bounds__(kRowsBlockThreads, (rows_min_blocks<kIn, kVec, kMode>())) quantize_rows_kernel(const __grid_constant__ QuantizeParams p) {
   constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
   const int tpr = int(blockDim.x);  // threads per row
   const int tx = int(threadIdx.x);
@@ -105,18 +124,30 @@ __global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(con
     };
 
     if constexpr (kMode == RowsMode::kDynamicRow) {
-      // Pass 1: amax of the row, the first kRowCache steps of each thread kept in registers.
-      float cache[kRowCache][kStep];
-      uint32_t m = 0;
+      // Pass 1: amax of the row; the first kCache steps of each thread are loaded together and kept in
+      // registers as x's bits.
+      constexpr int kCache = row_cache_steps(kIn);
+      constexpr int kWords = StepWords<kIn>::kCount;
+      uint32_t cache[kCache][kWords];
 #pragma unroll
-      for (int s = 0; s < kRowCache; ++s) {
+      for (int s = 0; s < kCache; ++s) {
         const int64_t c = tx + int64_t(s) * tpr;
         if (valid && c < steps) {
-          load(c, cache[s]);
-          m = max(m, run_amax_bits(cache[s]));
+          const int count = int(cols - c * kStep < kStep ? cols - c * kStep : kStep);
+          load_step_raw<kIn, kVec>(x_row + c * kStep * kInBytes, count, cache[s]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kWords; ++k) cache[s][k] = 0u;  // +0.0: no effect on the amax, never stored
         }
       }
-      for (int64_t c = tx + int64_t(kRowCache) * tpr; valid && c < steps; c += tpr) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int s = 0; s < kCache; ++s) {
+        float v[kStep];
+        unpack_step<kIn>(cache[s], v);
+        m = max(m, run_amax_bits(v));
+      }
+      for (int64_t c = tx + int64_t(kCache) * tpr; valid && c < steps; c += tpr) {
         float v[kStep];
         load(c, v);
         m = max(m, run_amax_bits(v));
@@ -128,13 +159,23 @@ __global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(con
         if (p.scale_inv_ptr != nullptr) p.scale_inv_ptr[row] = s.inv;
         if (p.amax_kind == QuantAmax::kRow) p.amax_ptr[row] = __uint_as_float(m);
       }
-      // Pass 2: cast.
+      // Pass 2: cast. The empty asm makes the words opaque, so the compiler converts them again here rather
+      // than keeping pass 1's float32 values (twice the registers) alive across the reduction.
 #pragma unroll
-      for (int k = 0; k < kRowCache; ++k) {
-        const int64_t c = tx + int64_t(k) * tpr;
-        if (valid && c < steps) emit(c, cache[k], nullptr, s.mul);
+      for (int k = 0; k < kCache; ++k) {
+#pragma unroll
+        for (int q = 0; q < kWords; ++q) asm volatile("" : "+r"(cache[k][q]));
       }
-      for (int64_t c = tx + int64_t(kRowCache) * tpr; valid && c < steps; c += tpr) {
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t c = tx + int64_t(k) * tpr;
+        if (valid && c < steps) {
+          float v[kStep];
+          unpack_step<kIn>(cache[k], v);
+          emit(c, v, nullptr, s.mul);
+        }
+      }
+      for (int64_t c = tx + int64_t(kCache) * tpr; valid && c < steps; c += tpr) {
         float v[kStep];
         load(c, v);
         emit(c, v, nullptr, s.mul);
@@ -147,23 +188,27 @@ __global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(con
     // kUnroll steps per iteration, all loads issued before the first store. The loop runs the same number
     // of times in every thread of the block (group shuffles need full warps).
     for (int64_t base = 0; base < steps; base += int64_t(kUnroll) * tpr) {
-      float v[kUnroll][kStep];
+      constexpr int kWords = StepWords<kIn>::kCount;
+      uint32_t raw[kUnroll][kWords];
       bool act[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = base + tx + int64_t(u) * tpr;
         act[u] = valid && c < steps;
         if (act[u]) {
-          load(c, v[u]);
+          const int count = int(cols - c * kStep < kStep ? cols - c * kStep : kStep);
+          load_step_raw<kIn, kVec>(x_row + c * kStep * kInBytes, count, raw[u]);
         } else {
 #pragma unroll
-          for (int i = 0; i < kStep; ++i) v[u][i] = 0.0f;
+          for (int k = 0; k < kWords; ++k) raw[u][k] = 0u;
         }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t c = base + tx + int64_t(u) * tpr;
-        const uint32_t step_amax = run_amax_bits(v[u]);
+        float v[kStep];
+        unpack_step<kIn>(raw[u], v);
+        const uint32_t step_amax = run_amax_bits(v);
         m = max(m, step_amax);
         if constexpr (kMode == RowsMode::kGroup) {
           // group_cols == 128: 8 consecutive lanes hold one group (tpr is a multiple of 8).
@@ -175,7 +220,7 @@ __global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(con
             if ((c & (kGroupLanes - 1)) == 0) {
               p.scale_inv_ptr[row * p.scale_inv_row_stride + (c / kGroupLanes) * p.scale_inv_group_stride] = s.inv;
             }
-            emit(c, v[u], nullptr, s.mul);
+            emit(c, v, nullptr, s.mul);
           }
         } else if (act[u]) {
           if constexpr (kMode == RowsMode::kColumn) {
@@ -183,9 +228,9 @@ __global__ void __launch_bounds__(kRowsBlockThreads, 2) quantize_rows_kernel(con
             const int count = int(cols - c * kStep < kStep ? cols - c * kStep : kStep);
 #pragma unroll
             for (int i = 0; i < kStep; ++i) muls[i] = i < count ? __ldg(p.scale_ptr + c * kStep + i) : 0.0f;
-            emit(c, v[u], muls, 1.0f);
+            emit(c, v, muls, 1.0f);
           } else {
-            emit(c, v[u], nullptr, mul_row);
+            emit(c, v, nullptr, mul_row);
           }
         }
       }

@@ -25,9 +25,11 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
   using quantize::RowsMode;
   const int64_t steps = (p.cols + kStep - 1) / kStep;
   // Threads per row: a power of two in [8, 256], the smallest that covers the row in kUnroll steps each
-  // (so each thread has kUnroll loads in flight; dynamic rows keep them in the register cache).
+  // (so each thread has kUnroll steps of loads in flight).
+  // Dynamic rows: the smallest that holds the row in the register cache (one warp for N = 4096 bf16).
+  const int per_thread = p.scale_kind == QuantScale::kDynamicRow ? quantize::row_cache_steps(kIn) : quantize::kUnroll;
   int tpr = 8;
-  while (tpr < kRowsBlockThreads && int64_t(tpr) * quantize::kUnroll < steps) tpr *= 2;
+  while (tpr < kRowsBlockThreads && int64_t(tpr) * per_thread < steps) tpr *= 2;
   const int rpb = kRowsBlockThreads / tpr;
   int64_t grid = 0;
   ASTRAI_CUDA_TRY(quantize_detail::grid_for((p.rows + rpb - 1) / rpb, kRowsBlockThreads, p.max_blocks, &grid));

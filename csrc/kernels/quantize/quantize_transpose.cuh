@@ -27,9 +27,11 @@ __device__ __forceinline__ int swizzled_word(int n, int mg) {
 }
 
 // kVec: 16-byte loads (x 16-byte aligned, row stride and cols multiples of 8 elements); else element loads.
+// Blocks loop over tiles (the launcher sizes a persistent grid), each prefetching its next tile's loads.
+// Register cap: 3 blocks per SM for bf16 (78 registers, no spills with -Xptxas -v); 2 for fp16 / fp32.
 // Supported multipliers: kTensor, kRow (per row of x), kColumn (per column of x), kFromAmax.
 template <QuantIn kIn, QuantOut kOut, bool kVec>
-__global__ void __launch_bounds__(kTransposeThreads) quantize_transpose_kernel(const __grid_constant__ QuantizeParams p) {
+__global__ void __launch_bounds__(kTransposeThreads, kIn == QuantIn::kBF16 ? 3 : 2) quantize_transpose_kernel(const __grid_constant__ QuantizeParams p) {
   static_assert(kOut != QuantOut::kInt8, "the transposed layouts are fp8 only");
   constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
   __shared__ __align__(16) uint32_t tile_t[kTileCols * kTileRows / 4];  // [TN, TM bytes] swizzled
@@ -58,26 +60,48 @@ __global__ void __launch_bounds__(kTransposeThreads) quantize_transpose_kernel(c
     if (blockIdx.x == 0 && tid == 0 && p.scale_inv_ptr != nullptr) p.scale_inv_ptr[0] = s.inv;
   }
 
+  // Loads tile `tile`'s 4 rows x 8 columns of this thread in x's own bits (zero outside x).
+  constexpr int kRunWords = StepWords<kIn, 8>::kCount;
+  const int64_t tiles = tiles_m * tiles_n;
+  auto load_tile = [&](int64_t tm, int64_t tn, uint32_t (&w)[4][kRunWords]) {
+    const int64_t m0 = tm * kTileRows + 4 * mg;
+    const int64_t n0 = tn * kTileCols + 8 * ng;
+    const int ncount = int(cols - n0 < 8 ? (cols - n0 > 0 ? cols - n0 : 0) : 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + i;
+      if (m < rows && ncount > 0) {
+        const char* src = x + (m * p.x_row_stride + n0) * kInBytes;
+        if (kVec && ncount == 8) load_step_raw<kIn, kVec, 8>(src, 8, w[i]);
+        else load_step_raw<kIn, false, 8>(src, ncount, w[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kRunWords; ++k) w[i][k] = 0u;
+      }
+    }
+  };
+
   uint32_t tensor_amax = 0;
-  for (int64_t tile = blockIdx.x; tile < tiles_m * tiles_n; tile += gridDim.x) {
-    const int64_t tm = tile / tiles_n;  // consecutive blocks walk along a row band of x
-    const int64_t tn = tile - tm * tiles_n;
+  // Software pipeline: the next tile's loads are issued before this tile's cast, shared-memory transpose and
+  // stores, so a block keeps two tiles of loads in flight across its barriers.
+  uint32_t next[4][kRunWords];
+  int64_t next_tm = int64_t(blockIdx.x) / tiles_n;  // consecutive blocks walk along a row band of x
+  int64_t next_tn = int64_t(blockIdx.x) - next_tm * tiles_n;
+  if (int64_t(blockIdx.x) < tiles) load_tile(next_tm, next_tn, next);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t tm = next_tm;
+    const int64_t tn = next_tn;
     const int64_t m0 = tm * kTileRows + 4 * mg;  // first of this thread's 4 rows
     const int64_t n0 = tn * kTileCols + 8 * ng;  // first of this thread's 8 columns
     const int ncount = int(cols - n0 < 8 ? (cols - n0 > 0 ? cols - n0 : 0) : 8);
 
     float v[4][8];  // (rows, cols) of x
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t m = m0 + i;
-      if (m < rows && ncount > 0) {
-        const char* src = x + (m * p.x_row_stride + n0) * kInBytes;
-        if (kVec && ncount == 8) load_run<kIn, 8, kVec>(src, 8, v[i]);
-        else load_run<kIn, 8, false>(src, ncount, v[i]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[i][j] = 0.0f;
-      }
+    for (int i = 0; i < 4; ++i) unpack_step<kIn, 8>(next[i], v[i]);
+    if (tile + gridDim.x < tiles) {
+      next_tm = (tile + gridDim.x) / tiles_n;
+      next_tn = (tile + gridDim.x) - next_tm * tiles_n;
+      load_tile(next_tm, next_tn, next);
     }
 
     // Fused amax.
