@@ -238,7 +238,7 @@ void check_tensor(const char* tensor, const std::vector<uint16_t>& in, const std
           const double sv = sin[size_t(cs_offset + row * sin_stride + j)];
           const double ref = m == 0 ? x0 * cv - x1 * sv : x1 * cv + x0 * sv;
           // float32 arithmetic (products and one add, maybe fused) then one rounding to bf16.
-          const double mag = std::fabs(x0 * cv) + std::fabs(x1 * sv);
+          const double mag = m == 0 ? std::fabs(x0 * cv) + std::fabs(x1 * sv) : std::fabs(x1 * cv) + std::fabs(x0 * sv);
           const double eps = std::ldexp(mag, -21);
           const double tol = 0.5 * bf16_ulp(std::fabs(ref) + eps) + eps;
           const double err = std::fabs(g - ref);
