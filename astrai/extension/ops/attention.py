@@ -29,6 +29,7 @@ import math
 import torch
 
 from astrai.extension import loader
+from astrai.extension.ops._fakes import register_fakes
 
 FAMILY = "attention"
 OP_DECODE = "astrai.attn_decode"
@@ -57,15 +58,6 @@ _FAKES = {"astrai::attn_decode": _fake_decode,
           "astrai::paged_kv_append": _fake_append}
 
 
-def _register_fakes() -> None:
-    for qualname, fake in _FAKES.items():
-        try:
-            torch.library.register_fake(qualname)(fake)
-        except RuntimeError as exc:  # torch < 2.13 refuses a second registration (module reloaded)
-            if "already" not in str(exc):
-                raise
-
-
 @torch.compiler.assume_constant_result
 def load() -> bool:
     """Load the attention family and register its fake implementations; idempotent.
@@ -78,7 +70,7 @@ def load() -> bool:
     global _loaded
     if not _loaded:
         loader.load_family(FAMILY, op=OP_DECODE)
-        _register_fakes()
+        register_fakes(_FAKES)
         _loaded = True
     return True
 

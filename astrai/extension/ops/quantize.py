@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from astrai.extension import loader
+from astrai.extension.ops._fakes import register_fakes
 
 FAMILY = "quantize"
 OP = "astrai.quantize"
@@ -94,15 +95,6 @@ _FAKES = {"astrai::quantize": _fake_quantize,
           "astrai::scale_layout": _fake_scale_layout}
 
 
-def _register_fakes() -> None:
-    for qualname, fake in _FAKES.items():
-        try:
-            torch.library.register_fake(qualname)(fake)
-        except RuntimeError as exc:  # torch < 2.13 refuses a second registration (module reloaded)
-            if "already" not in str(exc):
-                raise
-
-
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
 def load() -> bool:
     """Load the quantize family and register its fake implementations; idempotent.
@@ -115,7 +107,7 @@ def load() -> bool:
     global _loaded
     if not _loaded:
         loader.load_family(FAMILY, op=OP)
-        _register_fakes()
+        register_fakes(_FAKES)
         _loaded = True
     return True
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from astrai.extension import loader
+from astrai.extension.ops._fakes import register_fakes
 
 FAMILY = "rotary"
 # Op names as error messages spell them (the binding's spelling); the dispatcher's are "astrai::<name>".
@@ -57,15 +58,6 @@ _FAKES = {"astrai::rotary_embedding": _fake_rotary_embedding,
           "astrai::rotary_embedding_": _fake_rotary_embedding_}
 
 
-def _register_fakes() -> None:
-    for qualname, fake in _FAKES.items():
-        try:
-            torch.library.register_fake(qualname)(fake)
-        except RuntimeError as exc:  # torch < 2.13 refuses a second registration (module reloaded)
-            if "already" not in str(exc):
-                raise
-
-
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
 def load() -> bool:
     """Load the rotary family and register its fake implementations; idempotent.
@@ -78,7 +70,7 @@ def load() -> bool:
     global _loaded
     if not _loaded:
         loader.load_family(FAMILY, op=OP)
-        _register_fakes()
+        register_fakes(_FAKES)
         _loaded = True
     return True
 
