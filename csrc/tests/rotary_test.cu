@@ -530,24 +530,11 @@ bool check_rejections() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool small = false;
-  uint64_t seed = std::random_device{}();
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--small") == 0) {
-      small = true;
-    } else if (std::strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else {
-      std::fprintf(stderr, "usage: %s [--small] [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
-  int device = 0;
-  cudaDeviceProp prop{};
-  TEST_CUDA_CHECK(cudaGetDevice(&device));
-  TEST_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  std::printf("rotary_test: %s (sm_%d%d), seed %" PRIu64 "%s\n", prop.name, prop.major, prop.minor, seed,
-              small ? ", --small" : "");
+  const TestOptions opts = parse_test_options(argc, argv);
+  if (!opts.ok) return 2;
+  const bool small = opts.small;
+  const uint64_t seed = opts.seed;
+  print_test_banner("rotary_test", opts);
 
   Rng rng(seed);
   const std::vector<Case> cases = make_cases(small);

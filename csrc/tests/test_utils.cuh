@@ -152,6 +152,18 @@ inline TestOptions parse_test_options(int argc, char** argv) {
   return o;
 }
 
+// First line of every standalone test: the device it runs on and how to repeat the run. Returns the
+// device's properties.
+inline cudaDeviceProp print_test_banner(const char* name, const TestOptions& o) {
+  int device = 0;
+  cudaDeviceProp prop{};
+  TEST_CUDA_CHECK(cudaGetDevice(&device));
+  TEST_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::printf("%s: %s (sm_%d%d), seed %llu%s\n", name, prop.name, prop.major, prop.minor,
+              static_cast<unsigned long long>(o.seed), o.small ? ", --small" : "");
+  return prop;
+}
+
 // Exit status of every standalone test: 0 all cases passed, 1 a case failed (2 is TEST_CUDA_CHECK's).
 inline int test_exit_status(int failed_cases, int total_cases, uint64_t seed) {
   std::printf("%d cases, %d failed (seed %llu): %s\n", total_cases, failed_cases,

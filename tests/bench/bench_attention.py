@@ -16,7 +16,6 @@ Importable: `measure(batch, length, ...)` returns the rows.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import statistics
@@ -32,17 +31,12 @@ except ImportError:  # run as a script from a source tree: the repository root i
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_rotary import environment  # noqa: E402  the one machine record every bench script shares
+import gpu_timing  # noqa: E402  timing and the machine record every bench script shares
 
 from astrai.extension.ops import attention as ops  # noqa: E402
 
 DEFAULT_SHAPES = ("1x512", "1x4096", "1x32768", "16x4096", "16x16384", "64x4096", "64x16384")
 PAGE_SIZE = 16
-
-
-def _l2_bytes() -> int:
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return int(getattr(props, "L2_cache_size", 0) or 60 << 20)
 
 
 def _make_set(batch, length, heads_q, heads_kv, head_dim) -> dict:
@@ -62,35 +56,6 @@ def _make_set(batch, length, heads_q, heads_kv, head_dim) -> dict:
             "kv_lens": torch.full((batch,), length, dtype=torch.int32, device=dev),
             # anchors: [B, H, 1, D] query, [B, Hkv, L, D] views of the same contiguous K/V
             "q_sdpa": q.unsqueeze(2), "k_sdpa": k.transpose(1, 2), "v_sdpa": v.transpose(1, 2)}
-
-
-def _time_graph(step, sets, calls, replays) -> list[float]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for s in sets:
-            step(s)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    held = collections.deque(maxlen=len(sets))
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            held.append(step(sets[i % len(sets)]))
-    held.clear()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    torch.cuda.synchronize()
-    return times
 
 
 def _sdpa_step(backend):
@@ -125,7 +90,7 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
 
     ops.load()
     kv_bytes = 2 * batch * length * heads_kv * head_dim * 2
-    n_sets = max(1, min(max_sets, math.ceil(3 * _l2_bytes() / kv_bytes)))
+    n_sets = max(1, min(max_sets, math.ceil(3 * gpu_timing.l2_bytes() / kv_bytes)))
     calls = n_sets * max(1, math.ceil(min_calls / n_sets))
     sets = [_make_set(batch, length, heads_q, heads_kv, head_dim) for _ in range(n_sets)]
     _check(sets[0])
@@ -137,14 +102,14 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
     anchors = {}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
-            anchors[name] = statistics.median(_time_graph(_sdpa_step(be), sets, calls, replays))
+            anchors[name] = statistics.median(gpu_timing.time_graph(_sdpa_step(be), sets, calls, replays))
         except RuntimeError as exc:  # the backend refuses these shapes here
             print(f"bench_attention: {name} SDPA unavailable for B={batch} L={length}: {str(exc).splitlines()[0]}",
                   file=sys.stderr)
             anchors[name] = None
     rows = []
     for kind, step in steps.items():
-        times = _time_graph(step, sets, calls, replays)
+        times = gpu_timing.time_graph(step, sets, calls, replays)
         us = statistics.median(times)
         row = {"batch": batch, "kv_len": length, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim,
                "kind": kind, "kernel_us": us, "kernel_us_min": min(times), "kernel_us_max": max(times),
@@ -193,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_attention: no CUDA device is visible", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    env_before = environment()
+    env_before = gpu_timing.environment("attention")
     rows = []
     print(format_table([]), flush=True)
     for shape in args.shapes:
@@ -202,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                       replays=args.replays, min_calls=args.min_calls)
         print("\n".join(_format_row(r) for r in new), flush=True)
         rows += new
-    env = environment()
+    env = gpu_timing.environment("attention")
     env["nvidia_smi_before"] = env_before["nvidia_smi"]
     print()
     print(f"{env['gpu']['name']} (sm_{env['gpu']['capability'].replace('.', '')}), driver CUDA {env['driver_cuda']}, "

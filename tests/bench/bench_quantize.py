@@ -19,14 +19,9 @@ Importable: `measure(...)` returns the rows and `environment()` the machine reco
 from __future__ import annotations
 
 import argparse
-import collections
-import datetime
 import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,19 +32,16 @@ try:
 except ImportError:  # run as a script from a source tree: the repository root is two levels up
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from astrai.extension import loader
 from astrai.extension.ops import quantize as ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_timing  # noqa: E402
 
 DEFAULT_SHAPES = ((65536, 4096), (4096, 4096))
 CASES = ("per_tensor", "dynamic_tensor", "dynamic_row", "transposed", "dual", "block_1x128", "block_128x128",
          "int8_row")
 E4M3 = torch.float8_e4m3fn
 FMAX = 448.0
-
-
-def _l2_bytes() -> int:
-    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-               or 60 << 20)
 
 
 def _bytes(case: str, m: int, n: int) -> int:
@@ -111,36 +103,6 @@ def _make_set(m: int, n: int, copy_words: int) -> dict:
             "copy_dst": torch.empty(copy_words, device=dev, dtype=torch.int32)}
 
 
-def _time_graph(step, sets: list[dict], calls: int, replays: int) -> list[float]:
-    """Microseconds per call for each replay of a graph of `calls` calls of step(set) over the sets in turn."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up: module load, lazy kernel load, allocator
-        for s in sets:
-            step(s)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    held = collections.deque(maxlen=len(sets))  # outputs rotate with the inputs instead of reusing one block
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            held.append(step(sets[i % len(sets)]))
-    held.clear()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    torch.cuda.synchronize()
-    return times
-
-
 def _check(case: str, s: dict) -> None:
     """Refuse to time a kernel that disagrees with the contract's torch path."""
     from astrai.extension.backend import quantize as backend
@@ -169,13 +131,13 @@ def measure(m: int, n: int, *, cases=CASES, replays: int = 20, min_calls: int = 
         kernel_bytes = _bytes(case, m, n)
         copy_words = kernel_bytes // 8  # int32 words: half the bytes read, half written
         per_set = 3 * m * n + 8 * copy_words
-        n_sets = max(1, min(max_sets, math.ceil(3 * _l2_bytes() / max(per_set, 1))))
+        n_sets = max(1, min(max_sets, math.ceil(3 * gpu_timing.l2_bytes() / max(per_set, 1))))
         calls = n_sets * max(1, math.ceil(min_calls / n_sets))
         sets = [_make_set(m, n, copy_words) for _ in range(n_sets)]
         _check(case, sets[0])
-        copy_us = statistics.median(_time_graph(lambda s: s["copy_dst"].copy_(s["copy_src"]), sets, calls, replays))
-        torch_us = statistics.median(_time_graph(_torch_step(case), sets, calls, replays))
-        times = _time_graph(_kernel_step(case), sets, calls, replays)
+        copy_us = statistics.median(gpu_timing.time_graph(lambda s: s["copy_dst"].copy_(s["copy_src"]), sets, calls, replays))
+        torch_us = statistics.median(gpu_timing.time_graph(_torch_step(case), sets, calls, replays))
+        times = gpu_timing.time_graph(_kernel_step(case), sets, calls, replays)
         kernel_us = statistics.median(times)
         copy_bytes = 8 * copy_words
         kernel_gbps, copy_gbps = kernel_bytes / kernel_us / 1e3, copy_bytes / copy_us / 1e3
@@ -192,41 +154,9 @@ def measure(m: int, n: int, *, cases=CASES, replays: int = 20, min_calls: int = 
     return rows
 
 
-def _nvidia_smi(index: int) -> dict | None:
-    fields = ("name", "driver_version", "pstate", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
-              "power.draw", "power.limit", "temperature.gpu")
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                              "-i", str(index)], capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    values = [v.strip() for v in out.strip().split(",")]
-    return dict(zip(fields, values)) if len(values) == len(fields) else None
-
-
 def environment() -> dict:
-    """GPU, driver, CUDA, torch, image and clocks, for the record beside every result."""
-    index = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    desc = loader.describe()
-    chosen = desc.get("chosen") or {}
-    image = next((i for i in desc.get("images", []) if i["name"] == chosen.get("image")), None)
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "gpu": {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                "sms": props.multi_processor_count, "memory_bytes": props.total_memory, "l2_bytes": _l2_bytes()},
-        "nvidia_smi": _nvidia_smi(index),
-        "driver_cuda": desc["driver"]["cuda"],
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "image": None if image is None else {
-            "name": image["name"], "toolkit": image["toolkit"], "serves": image["serves"],
-            "git_revision": image["git_revision"], "built_at": image["built_at"], "path": image["path"],
-            "quantize": image["libraries"].get("quantize")},
-        "overrides": desc.get("overrides"),
-        "env": {k: os.environ[k] for k in ("ASTRAI_IMAGE", "CUDA_VISIBLE_DEVICES") if k in os.environ},
-    }
+    """The machine record for quantize results (see gpu_timing.environment)."""
+    return gpu_timing.environment("quantize")
 
 
 HEADER = ("M", "N", "case", "kernel us", "torch us", "copy us", "kernel GB/s", "torch GB/s", "of copy", "vs torch")

@@ -15,14 +15,9 @@ torch, image, clocks, date).
 from __future__ import annotations
 
 import argparse
-import collections
-import datetime
 import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,17 +28,14 @@ try:
 except ImportError:  # run as a script from a source tree: the repository root is two levels up
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from astrai.extension import loader
 from astrai.extension.backend import rotary as backend
 from astrai.extension.ops import rotary as ops
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_timing  # noqa: E402
+
 DEFAULT_TOKENS = (1, 64, 4096, 32768)
 MODES = ("out_of_place", "in_place")
-
-
-def _l2_bytes() -> int:
-    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-               or 60 << 20)
 
 
 def _make_set(tokens: int, heads_q: int, heads_k: int, head_dim: int, max_pos: int) -> dict:
@@ -60,36 +52,6 @@ def _make_set(tokens: int, heads_q: int, heads_k: int, head_dim: int, max_pos: i
         "copy_src": torch.randn(tokens * (heads_q + heads_k) * head_dim, device=dev).to(torch.bfloat16),
         "copy_dst": torch.empty(tokens * (heads_q + heads_k) * head_dim, device=dev, dtype=torch.bfloat16),
     }
-
-
-def _time_graph(step, sets: list[dict], calls: int, replays: int) -> list[float]:
-    """Microseconds per call for each replay of a graph of `calls` calls of step(set) over the sets in turn."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up: module load, lazy kernel load, allocator
-        for s in sets:
-            step(s)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    held = collections.deque(maxlen=len(sets))  # outputs rotate with the inputs instead of reusing one block
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            held.append(step(sets[i % len(sets)]))
-    held.clear()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    torch.cuda.synchronize()
-    return times
 
 
 def _check(s: dict, interleaved: bool) -> None:
@@ -112,18 +74,18 @@ def measure(tokens: int, *, heads_q: int = 32, heads_k: int = 8, head_dim: int =
     elem = 2  # bf16
     qk_bytes = tokens * (heads_q + heads_k) * head_dim * elem
     # enough sets that one pass over them moves (reads + writes) at least 3x the L2
-    n_sets = max(1, min(max_sets, math.ceil(3 * _l2_bytes() / max(2 * qk_bytes, 1))))
+    n_sets = max(1, min(max_sets, math.ceil(3 * gpu_timing.l2_bytes() / max(2 * qk_bytes, 1))))
     calls = n_sets * max(1, math.ceil(min_calls / n_sets))
     sets = [_make_set(tokens, heads_q, heads_k, head_dim, max_pos) for _ in range(n_sets)]
     rows_touched = int(sets[0]["positions"].unique().numel())
     kernel_bytes = 2 * qk_bytes + tokens * 4 + rows_touched * head_dim * 4  # q,k in+out; positions; cos+sin rows
     copy_bytes = 2 * qk_bytes
 
-    copy_us = statistics.median(_time_graph(lambda s: s["copy_dst"].copy_(s["copy_src"]), sets, calls, replays))
+    copy_us = statistics.median(gpu_timing.time_graph(lambda s: s["copy_dst"].copy_(s["copy_src"]), sets, calls, replays))
     rows = []
     for interleaved in (False, True):
         _check(sets[0], interleaved)
-        torch_us = statistics.median(_time_graph(
+        torch_us = statistics.median(gpu_timing.time_graph(
             lambda s: backend.apply_rotary_emb_qk(s["q"], s["k"], (s["cos"], s["sin"]), s["positions"],
                                                   interleaved=interleaved, check_positions=False, path="torch"),
             sets, calls, replays))
@@ -134,7 +96,7 @@ def measure(tokens: int, *, heads_q: int = 32, heads_k: int = 8, head_dim: int =
                                                         interleaved=interleaved, check_positions=False),
         }
         for mode in MODES:
-            times = _time_graph(steps[mode], sets, calls, replays)
+            times = gpu_timing.time_graph(steps[mode], sets, calls, replays)
             kernel_us = statistics.median(times)
             kernel_gbps = kernel_bytes / kernel_us / 1e3
             copy_gbps = copy_bytes / copy_us / 1e3
@@ -153,41 +115,9 @@ def measure(tokens: int, *, heads_q: int = 32, heads_k: int = 8, head_dim: int =
     return rows
 
 
-def _nvidia_smi(index: int) -> dict | None:
-    fields = ("name", "driver_version", "pstate", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
-              "power.draw", "power.limit", "temperature.gpu")
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                              "-i", str(index)], capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    values = [v.strip() for v in out.strip().split(",")]
-    return dict(zip(fields, values)) if len(values) == len(fields) else None
-
-
 def environment() -> dict:
-    """GPU, driver, CUDA, torch, image and clocks, for the record beside every result."""
-    index = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    desc = loader.describe()
-    chosen = desc.get("chosen") or {}
-    image = next((i for i in desc.get("images", []) if i["name"] == chosen.get("image")), None)
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "gpu": {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                "sms": props.multi_processor_count, "memory_bytes": props.total_memory, "l2_bytes": _l2_bytes()},
-        "nvidia_smi": _nvidia_smi(index),
-        "driver_cuda": desc["driver"]["cuda"],
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "image": None if image is None else {
-            "name": image["name"], "toolkit": image["toolkit"], "serves": image["serves"],
-            "git_revision": image["git_revision"], "built_at": image["built_at"], "path": image["path"],
-            "rotary": image["libraries"].get("rotary")},
-        "overrides": desc.get("overrides"),
-        "env": {k: os.environ[k] for k in ("ASTRAI_IMAGE", "CUDA_VISIBLE_DEVICES") if k in os.environ},
-    }
+    """The machine record for rotary results (see gpu_timing.environment)."""
+    return gpu_timing.environment("rotary")
 
 
 HEADER = ("T", "pairing", "mode", "kernel us", "torch us", "copy us", "kernel GB/s", "of copy", "vs torch")
