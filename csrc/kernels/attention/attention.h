@@ -30,6 +30,22 @@ DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_s
 // workspace); never throws. batch == 0: no launch.
 cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream);
 
+struct PrefillPlan {
+  int32_t num_q_tiles;       // grid size along the Q schedule (an upper bound for ragged Q: idle tiles exit)
+  int64_t workspace_bytes;   // 2 * num_q_tiles int32 for ragged Q (q_tile_to_batch at the start, q_tile_to_index
+                             // right after it); 0 for dense Q
+};
+
+// Prefill schedule: a function of the shapes only (batch, rows, head counts, head_dim, ragged or not), never of
+// qo_indptr's values, so a launch needs no host sync and is CUDA-graph capturable. For ragged Q the launcher
+// fills the tile maps on the device from qo_indptr before the main kernel.
+PrefillPlan attn_prefill_plan(const PrefillParams& params);
+
+// Launches the prefill (and, for ragged Q, the tile-map kernel) on `stream`. The caller sets num_q_tiles and the
+// tile-map pointers from attn_prefill_plan (workspace of workspace_bytes). Returns cudaErrorInvalidValue for
+// inconsistent params; never throws. batch == 0 or no rows: no launch.
+cudaError_t attn_prefill_bf16_launch(const PrefillParams& params, cudaStream_t stream);
+
 // Writes N new tokens of K and V into a paged cache in one launch. num_tokens == 0: no launch.
 cudaError_t paged_kv_append_bf16_launch(const AppendParams& params, cudaStream_t stream);
 
