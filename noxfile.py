@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import nox
 
@@ -289,6 +290,8 @@ def test(session: nox.Session) -> None:
     harness_env = {"ASTRAI_REQUIRE_CHROMIUM": "1"} if _install_chromium(session) else {}
     session.run("python", "-m", "pytest", "tests", "--ignore=tests/gpu", "--ignore=tests/bench",
                 *session.posargs, env={"PYTHONPATH": ROOT, "ASTRAI_EXPECT_IMAGE": "1", **harness_env})
+    # The built image's SASS against the committed digest, where this nvcc/cuobjdump can reproduce it.
+    _sass_digest(session, update=False, only_same_toolchain=True)
     _check_wheel_install(session, wheel)
 
 
@@ -392,13 +395,16 @@ def _native_arch() -> str:
 def cu_tests(session: nox.Session) -> None:
     """Tier 2 on a GPU: build csrc/tests/*.cu for this GPU's arch (build/cu-tests) and run them with ctest.
 
-    `-- --no-build` runs the ctest registration of an existing build (build/<wheel tag>/csrc) instead.
+    `-- --no-build` runs the ctest registration of an existing build (build/<wheel tag>/csrc) instead,
+    relocated to this tree when it was configured elsewhere (ci/sanitize.py's locate_ctest).
     """
     if "--no-build" in session.posargs:
-        dirs = glob.glob(os.path.join(ROOT, "build", "*", "csrc", "CTestTestfile.cmake"))
-        if not dirs:
-            session.error("no ctest registration under build/*/csrc: run nox -s build first")
-        test_dir = os.path.dirname(dirs[0])
+        import sanitize  # ci/sanitize.py (ci/ is on sys.path)
+        located, how = sanitize.locate_ctest(Path(GPU_OUT) / "ctest")
+        if located is None:
+            session.error(f"no usable ctest registration: {how}")
+        session.log(f"ctest registration: {how}")
+        test_dir = str(located)
     else:
         bdir = os.path.join(ROOT, "build", "cu-tests")
         arch = os.environ.get("ASTRAI_CUDA_ARCH") or _native_arch()
@@ -425,7 +431,9 @@ def sanitize(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Tier 4 on a GPU: pytest-benchmark suites in tests/bench -> gpu-out/bench.json (needs pytest-benchmark)."""
+    """Tier 4 on a GPU: every pytest-benchmark suite in tests/bench (rotary, quantize, attention; sized for
+    <= 150 s on an H200) -> gpu-out/bench.json (needs pytest-benchmark). Outside a git tree set
+    ASTRAI_GIT_COMMIT to name the commit (else the image's recorded git revision is used)."""
     os.makedirs(GPU_OUT, exist_ok=True)
     session.run("python", "-m", "pytest", "tests/bench", "--benchmark-only",
                 f"--benchmark-json={os.path.join(GPU_OUT, 'bench.json')}", *session.posargs,
@@ -434,9 +442,11 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(name="bench-gate", venv_backend="none")
 def bench_gate(session: nox.Session) -> None:
-    """Gate a benchmark JSON against benchmarks/baselines/<gpu>/ (default run: gpu-out/bench.json).
+    """Gate a benchmark JSON against benchmarks/baselines/<gpu>/<family>.json, every family of the run (default
+    run: gpu-out/bench.json). A family without a baseline file is reported as `no-baseline` and fails (exit 3).
 
-    `nox -s bench-gate -- RUN.json --update-baseline --note "..."` records a new baseline, on purpose only.
+    `nox -s bench-gate -- RUN.json --update-baseline [--family quantize] --note "..."` records a new baseline,
+    on purpose only.
     """
     args = session.posargs or [os.path.join(GPU_OUT, "bench.json")]
     session.run("python", os.path.join(ROOT, "ci", "bench_gate.py"), *args)
@@ -463,26 +473,46 @@ def dashboard(session: nox.Session) -> None:
     session.run("python", os.path.join(ROOT, "ci", "dashboard.py"), *args)
 
 
+SASS_DIGESTS = os.path.join(ROOT, "tests", "golden", "sass")
+
+
+def _sass_digest(session: nox.Session, update: bool, only_same_toolchain: bool = False) -> None:
+    """Every cu* image of the tree against (or, with update, into) tests/golden/sass/<image>.json.
+
+    only_same_toolchain (tier 0): an image whose nvcc version, arches or cuobjdump release differ from the
+    saved digest's, or that has no saved digest, is skipped with the reason printed (CI with another nvcc
+    cannot reproduce the SASS); otherwise any added, removed or changed function fails the session.
+    """
+    images = [d for d in sorted(glob.glob(os.path.join(LIB_DIR, "*"))) if os.path.basename(d).startswith("cu")]
+    if not images and only_same_toolchain:
+        session.log("sass-digest: no cu* image in astrai/extension/lib/ (empty ASTRAI_CUDA_ARCH?): nothing to compare")
+        return
+    if not images:
+        session.error("no cu* image in astrai/extension/lib/: run nox -s build first")
+    script = os.path.join(ROOT, "ci", "sass_digest.py")
+    for image_dir in images:
+        saved = os.path.join(SASS_DIGESTS, os.path.basename(image_dir) + ".json")
+        if update:
+            session.run("python", script, image_dir, "--update", saved)
+        elif only_same_toolchain:
+            session.run("python", script, image_dir, "--compare", saved, "--if-same-toolchain")
+        elif os.path.exists(saved):
+            session.run("python", script, image_dir, "--compare", saved)
+        else:
+            session.error(f"no saved digest {saved}: nox -s sass-digest -- --update")
+
+
 @nox.session(name="sass-digest")
 def sass_digest(session: nox.Session) -> None:
     """SASS digest gate (CPU): every kernel's SASS hash and registers per arch vs tests/golden/sass/<image>.json.
 
-    Needs the image in astrai/extension/lib/ (nox -s build). `-- --update` rewrites the saved digests.
+    Needs the image in astrai/extension/lib/ (nox -s build). `nox -s sass-digest -- --update` rewrites the
+    saved digests (with the toolchain that made them) after a deliberate kernel or compiler change: ~20 s on
+    two cores, no rebuild; commit tests/golden/sass/. `nox -s test` runs the comparison where the toolchain
+    matches.
     """
     session.install("nvidia-cuda-cuobjdump==13.4.92", NVDISASM)
-    update = "--update" in session.posargs
-    saved_dir = os.path.join(ROOT, "tests", "golden", "sass")
-    images = [d for d in sorted(glob.glob(os.path.join(LIB_DIR, "*"))) if os.path.basename(d).startswith("cu")]
-    if not images:
-        session.error("no cu* image in astrai/extension/lib/: run nox -s build first")
-    for image_dir in images:
-        saved = os.path.join(saved_dir, os.path.basename(image_dir) + ".json")
-        if update:
-            session.run("python", os.path.join(ROOT, "ci", "sass_digest.py"), image_dir, "--update", saved)
-        elif os.path.exists(saved):
-            session.run("python", os.path.join(ROOT, "ci", "sass_digest.py"), image_dir, "--compare", saved)
-        else:
-            session.error(f"no saved digest {saved}: nox -s sass-digest -- --update")
+    _sass_digest(session, update="--update" in session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -1,7 +1,7 @@
 """Benchmark gate (tier 4): compare each case's ratio to its anchor with the stored per-GPU baseline.
 
     python ci/bench_gate.py RUN.json [--baseline-dir benchmarks/baselines/<gpu>] [--threshold 0.05]
-                            [--report OUT.json] [--strict] [--update-baseline]
+                            [--report OUT.json] [--strict] [--update-baseline [--family NAME ...]]
 
 RUN.json is pytest-benchmark's JSON (nox -s bench: each case's extra_info holds case, ratio, spread, ...) or
 a legacy `bench_rotary.py --json` file. The ratio is anchor time / kernel time (higher is better), measured
@@ -13,9 +13,14 @@ noise = max(run spread, baseline spread), spread being (max - min) / median of t
     inconclusive  the noise exceeds t, so a regression of t could not be seen (or the fall is within noise)
     pass          otherwise (an improvement beyond t is `pass (improved)`: update the baseline on purpose)
     new / missing a case without a baseline / a baseline case this run did not measure
+    no-baseline   the case's family (the case name up to the first '.') has no baseline file at all: nothing
+                  was gated, which must not read as green
+A case whose anchor differs from its baseline's (e.g. flash SDPA where cuDNN refused the shape) is
+inconclusive: the two ratios do not measure the same thing.
 Exit status 1 on any FAIL, on a missing case (unless --allow-missing), on a run with no case at all, and on
-inconclusive cases with --strict. --update-baseline writes this run's
-cases into the baseline directory (one file per family), keeping per-case thresholds; it is never implicit.
+inconclusive cases with --strict; else 3 when some family has no baseline (unless --allow-no-baseline);
+else 0. --update-baseline writes this run's cases into the baseline directory (one file per family, or only
+the --family ones), keeping per-case thresholds; it is never implicit.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_THRESHOLD = 0.05
+# Commit ids that name no commit: pytest-benchmark's outside a git tree, and an image built without git.
+UNVERSIONED = ("", "unknown", "unversioned")
+EXIT_NO_BASELINE = 3
 
 
 def gpu_slug(name: str) -> str:
@@ -53,6 +61,21 @@ def _legacy_cases(data: dict) -> dict[str, dict]:
     return cases
 
 
+def run_commit(commit_info: dict, env: dict) -> tuple[str | None, str]:
+    """(commit, source) of a pytest-benchmark run: its commit_info (git, or what tests/bench/conftest.py put there
+    outside git), else the bench record's commit, else the image's recorded git revision."""
+    cid = str(commit_info.get("id") or "")
+    if cid not in UNVERSIONED:
+        return cid[:12], commit_info.get("source") or "git"
+    recorded = env.get("commit") or {}
+    if str(recorded.get("id") or "") not in UNVERSIONED:
+        return recorded["id"][:12], recorded.get("source") or "bench record"
+    revision = str((env.get("image") or {}).get("git_revision") or "")
+    if revision not in UNVERSIONED:
+        return revision[:12], "image git_revision"
+    return None, "unknown"
+
+
 def load_run(path: Path) -> dict:
     """{"gpu", "date", "commit", "environment", "cases": {case: record}} from either JSON format."""
     data = json.loads(Path(path).read_text())
@@ -66,10 +89,10 @@ def load_run(path: Path) -> dict:
                 continue
             info["host_eager_median_s"] = (bench.get("stats") or {}).get("median")
             cases[info.pop("case")] = info
-        commit = data.get("commit_info", {})
+        commit, commit_source = run_commit(data.get("commit_info") or {}, env)
         return {"gpu": (env.get("gpu") or {}).get("name") or "unknown", "date": data.get("datetime") or env.get("date"),
-                "commit": (commit.get("id") or "")[:12] or (env.get("image") or {}).get("git_revision"),
-                "environment": env, "cases": cases, "source": str(path)}
+                "commit": commit, "commit_source": commit_source, "environment": env, "cases": cases,
+                "source": str(path)}
     if "rows" in data:  # legacy bench_rotary.py --json
         env = data.get("environment", {})
         return {"gpu": (env.get("gpu") or {}).get("name") or "unknown", "date": env.get("date"),
@@ -103,11 +126,17 @@ def load_baseline(directory: Path) -> dict[str, dict]:
     return cases
 
 
-def judge(case: str, run: dict | None, base: dict | None, threshold: float) -> dict:
+def family(case: str) -> str:
+    """'quantize.dual[M=4096,N=4096]' -> 'quantize': the baseline file (<family>.json) the case belongs to."""
+    return case.split(".")[0]
+
+
+def judge(case: str, run: dict | None, base: dict | None, threshold: float, family_has_baseline: bool = True
+          ) -> dict:
     row = {"case": case, "verdict": "", "change": None, "noise": None, "threshold": threshold,
            "ratio": None if run is None else run["ratio"], "baseline": None if base is None else base["ratio"]}
     if base is None:
-        row["verdict"] = "new"
+        row["verdict"] = "new" if family_has_baseline else "no-baseline"
         return row
     if run is None:
         row["verdict"] = "missing"
@@ -116,7 +145,10 @@ def judge(case: str, run: dict | None, base: dict | None, threshold: float) -> d
     change = run["ratio"] / base["ratio"] - 1.0
     noise = max(run.get("spread") or 0.0, base.get("spread") or 0.0)
     row.update(change=change, noise=noise, threshold=t)
-    if change < -t and -change > noise:
+    if base.get("anchor") and run.get("anchor") and base["anchor"] != run["anchor"]:
+        row["verdict"] = "inconclusive"
+        row["note"] = f"anchor {run['anchor']} vs baseline {base['anchor']}"
+    elif change < -t and -change > noise:
         row["verdict"] = "FAIL"
     elif noise > t or change < -t:
         row["verdict"] = "inconclusive"
@@ -129,13 +161,14 @@ def judge(case: str, run: dict | None, base: dict | None, threshold: float) -> d
 
 def gate(run: dict, baseline: dict[str, dict], threshold: float) -> list[dict]:
     cases = sorted(set(run["cases"]) | set(baseline))
-    rows = [judge(c, run["cases"].get(c), baseline.get(c), threshold) for c in cases]
-    order = {"FAIL": 0, "inconclusive": 1, "missing": 2, "new": 3}
+    families = {family(c) for c in baseline}
+    rows = [judge(c, run["cases"].get(c), baseline.get(c), threshold, family(c) in families) for c in cases]
+    order = {"FAIL": 0, "inconclusive": 1, "missing": 2, "no-baseline": 3, "new": 4}
     return sorted(rows, key=lambda r: (order.get(r["verdict"], 4), r["change"] if r["change"] is not None else 0))
 
 
 def counts(rows: list[dict]) -> dict[str, int]:
-    keys = ("pass", "FAIL", "inconclusive", "new", "missing")
+    keys = ("pass", "FAIL", "inconclusive", "new", "missing", "no-baseline")
     return {k: sum(r["verdict"].split(" ")[0] == k for r in rows) for k in keys}
 
 
@@ -148,19 +181,25 @@ def format_table(rows: list[dict]) -> str:
         base = "-" if r["baseline"] is None else f"{r['baseline']:.3f}"
         noise = "-" if r["noise"] is None else f"{100 * r['noise']:.1f}%"
         lines.append(f"{r['case']:<44} {ratio:>8} {base:>8} {pct(r['change']):>8} {noise:>7} "
-                     f"{100 * r['threshold']:>5.1f}%  {r['verdict']}")
+                     f"{100 * r['threshold']:>5.1f}%  {r['verdict']}" + (f" ({r['note']})" if r.get("note") else ""))
     return "\n".join(lines)
 
 
-def update_baseline(run: dict, directory: Path, note: str) -> list[Path]:
-    """Write the run's cases into <directory>/<family>.json, keeping each case's threshold override."""
+def families_without_baseline(rows: list[dict]) -> list[str]:
+    return sorted({family(r["case"]) for r in rows if r["verdict"] == "no-baseline"})
+
+
+def update_baseline(run: dict, directory: Path, note: str, only: list[str] | None = None) -> list[Path]:
+    """Write the run's cases into <directory>/<family>.json (every family, or those in `only`), keeping each
+    case's threshold override."""
     directory.mkdir(parents=True, exist_ok=True)
     by_family: dict[str, dict] = {}
     for case, rec in run["cases"].items():
-        by_family.setdefault(case.split(".")[0], {})[case] = rec
+        if only is None or family(case) in only:
+            by_family.setdefault(family(case), {})[case] = rec
     written = []
-    for family, cases in sorted(by_family.items()):
-        path = directory / f"{family}.json"
+    for name, cases in sorted(by_family.items()):
+        path = directory / f"{name}.json"
         old = json.loads(path.read_text()) if path.exists() else {}
         old_cases = old.get("cases", {})
         out_cases = {}
@@ -171,7 +210,7 @@ def update_baseline(run: dict, directory: Path, note: str) -> list[Path]:
                 entry["threshold"] = old_cases[case]["threshold"]
             out_cases[case] = entry
         data = {"gpu": run["gpu"], "date": run.get("date"), "commit": run.get("commit"),
-                "source": run.get("source"), "note": note,
+                "commit_source": run.get("commit_source"), "source": run.get("source"), "note": note,
                 "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "cases": out_cases}
         path.write_text(json.dumps(data, indent=2) + "\n")
@@ -197,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="inconclusive cases fail too")
     parser.add_argument("--allow-missing", action="store_true",
                         help="baseline cases this run did not measure do not fail (a partial run)")
+    parser.add_argument("--allow-no-baseline", action="store_true",
+                        help="families without any baseline file do not fail (exit 3) the gate")
     parser.add_argument("--update-baseline", action="store_true", help="write this run as the new baseline")
+    parser.add_argument("--family", action="append", default=None,
+                        help="with --update-baseline: only this family's file (repeatable); default every family")
     parser.add_argument("--note", default="", help="with --update-baseline: where the run came from")
     parser.add_argument("--record-history", type=Path, metavar="DIR",
                         help="also store the normalized run as DIR/<date>_<commit>.json (the dashboard's input)")
@@ -213,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.record_history:
         print(f"bench-gate: recorded {record_history(run, args.record_history)}")
     if args.update_baseline:
-        for path in update_baseline(run, directory, args.note or f"from {', '.join(map(str, args.runs))}"):
+        written = update_baseline(run, directory, args.note or f"from {', '.join(map(str, args.runs))}", args.family)
+        for path in written:
             print(f"bench-gate: wrote baseline {path}")
+        if not written:
+            print(f"bench-gate: the run holds no case of {args.family}: nothing written", file=sys.stderr)
+            return 1
         return 0
     baseline = load_baseline(directory)
     if not baseline:
@@ -222,17 +269,25 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     rows = gate(run, baseline, args.threshold)
     summary = counts(rows)
-    print(f"bench-gate: {run['gpu']}, run {run.get('date')} ({run.get('commit')}) vs {directory}")
+    unbased = families_without_baseline(rows)
+    print(f"bench-gate: {run['gpu']}, run {run.get('date')} (commit {run.get('commit')}, from "
+          f"{run.get('commit_source', '?')}) vs {directory}")
     print(format_table(rows))
     print("bench-gate: " + ", ".join(f"{n} {k}" for k, n in summary.items()))
     if not run["cases"]:
         print("bench-gate: the run holds no benchmark case (did every benchmark skip?)", file=sys.stderr)
+    for fam in unbased:
+        print(f"bench-gate: no baseline for family {fam!r} in {directory}: its cases were not gated (record one: "
+              f"ci/bench_gate.py RUN.json --update-baseline --family {fam} --note ...)", file=sys.stderr)
     failed = (summary["FAIL"] > 0 or not baseline or not run["cases"]
               or (summary["missing"] and not args.allow_missing) or (args.strict and summary["inconclusive"]))
+    no_baseline = bool(unbased) and not args.allow_no_baseline
     if args.report:
-        args.report.write_text(json.dumps({"gpu": run["gpu"], "baseline_dir": str(directory), "passed": not failed,
-                                           "counts": summary, "rows": rows}, indent=2) + "\n")
-    return 1 if failed else 0
+        args.report.write_text(json.dumps({"gpu": run["gpu"], "baseline_dir": str(directory),
+                                           "passed": not failed and not no_baseline, "counts": summary,
+                                           "no_baseline": unbased, "commit": run.get("commit"),
+                                           "commit_source": run.get("commit_source"), "rows": rows}, indent=2) + "\n")
+    return 1 if failed else EXIT_NO_BASELINE if no_baseline else 0
 
 
 if __name__ == "__main__":

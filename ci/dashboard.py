@@ -46,6 +46,7 @@ table { border-collapse: collapse; margin: 12px 0; font-size: 13px; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th { background: #f0f0f0; } td.case { text-align: left; font-family: monospace; }
 tr.FAIL td { background: #fdd; } tr.inconclusive td { background: #ffe9b3; } tr.new td, tr.missing td { background: #e8f0ff; }
+tr.no-baseline td { background: #eee; color: #555; }
 .env { font-family: monospace; font-size: 12px; background: #f7f7f7; padding: 8px; white-space: pre-wrap; }
 .grid { display: flex; flex-wrap: wrap; gap: 12px; } .grid figure { margin: 0; }
 .grid img { width: 460px; border: 1px solid #ddd; } figcaption { font-size: 12px; font-family: monospace; }
@@ -130,7 +131,8 @@ def environment_block(run: dict) -> str:
         f"software torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda', '?')}), Python {env.get('python', '?')}",
         f"image    {image.get('name', '?')} (toolkit {image.get('toolkit', '?')}, serves {image.get('serves', '?')}, "
         f"revision {image.get('git_revision', '?')})",
-        f"run      {run.get('date', '?')}, commit {run.get('commit', '?')}, source {run.get('source', '?')}",
+        f"run      {run.get('date', '?')}, commit {run.get('commit', '?')} (from {run.get('commit_source', '?')}), "
+        f"source {run.get('source', '?')}",
     ]
     return "\n".join(lines)
 

@@ -3,15 +3,33 @@
 # $OUT (default ./gpu-out); a summary table (tier, status, seconds, detail) is printed last.
 #
 # Needs: a CUDA torch >= 2.10 in `python3`, the image in astrai/extension/lib/ (nox -s build; the test-only
-# ptx80/ptx89 images from `nox -s build -- ptx-images`), the standalone test binaries (build/<tag>/tests/,
-# made by the same build), compute-sanitizer, nvcc + cmake (the sanitizer's negative controls are built here,
-# for this GPU's arch), and for the bench tier pytest-benchmark. matplotlib is optional (dashboard tier).
+# ptx80/ptx89 images from `nox -s build -- ptx-images`), the standalone test binaries and their ctest
+# registration (build/<tag>/tests/ and build/<tag>/csrc/CTestTestfile.cmake, made by the same build),
+# compute-sanitizer, nvcc + cmake/ctest (the sanitizer's negative controls are built here, for this GPU's
+# arch), and for the bench tier pytest-benchmark. matplotlib is optional (dashboard tier).
+#
+# Standalone tests (cu-tests, sanitize) are the ctest registration's, never a list: ci/sanitize.py
+# --locate-ctest uses build/<tag>/csrc as is when it was configured for this tree, else a copy under
+# $OUT/ctest with the recorded source/build roots rewritten to this tree (a GPU machine given a copy of the
+# build). Only when no registration is usable do the build/*/tests/*_test binaries run directly, and the
+# summary says why. ASTRAI_CTEST_DIR=<build>/csrc picks one registration where several builds exist.
+#
+# Commit: results are recorded under the commit they measure. With git here, HEAD; without (a copied tree),
+# set ASTRAI_GIT_COMMIT=<sha> on the call (e.g. ASTRAI_GIT_COMMIT=$(git rev-parse --short=12 HEAD) on the
+# machine that copied the tree); else the git revision recorded in the native image's image.json (the commit
+# it was built from, blind to uncommitted changes). It is exported to every tier (the bench JSON's commit_info,
+# hence bench-gate, benchmarks/history and the dashboard) and printed in the summary with its source.
+#
+# Dashboard: rendered where matplotlib is (the CPU side when the GPU machine lacks it) from $OUT's JSON:
+#   nox -s dashboard -- --run $OUT/bench.json --gate $OUT/bench-gate.json
+# (the summary prints this line with the real paths).
 #
 # Usage: ci/gpu_run.sh [tiers...]
 #   default: info cu-tests sanitize test-gpu bench bench-gate dashboard test-gpu-ptx80 test-gpu-ptx89
 #   also:    golden (regenerate tests/golden/ for this image and GPU: explicit only, never by default)
-#            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release)
-# Time: BUDGET_S (default 480) for the whole call; a tier that would start past it is skipped, and each tier
+#            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release;
+#            skips with the reason when the image's toolkit or arches differ from the recorded digest's)
+# Time: BUDGET_S (default 560) for the whole call; a tier that would start past it is skipped, and each tier
 # runs under its own limit (seconds in TIER_LIMIT below; override with TIER_LIMITS="test-gpu=300 bench=200").
 # Exit 0 only if every tier that ran passed (a pytest tier where nothing passed, or a bench with no case, fails).
 set -u -o pipefail
@@ -21,12 +39,14 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-480}
+BUDGET_S=${BUDGET_S:-560}  # under the 600 s a lent GPU machine allows one command
 tiers=("$@")
 [ ${#tiers[@]} -gt 0 ] || tiers=(info cu-tests sanitize test-gpu bench bench-gate dashboard test-gpu-ptx80 test-gpu-ptx89)
 declare -A status seconds detail
+# bench: three suites (rotary, quantize, attention), sized for <= 150 s on an H200 (rotary alone measured 36 s);
+# the limit leaves room for a slow node.
 declare -A TIER_LIMIT=([info]=60 [cu-tests]=120 [sanitize]=240 [test-gpu]=180 [test-gpu-ptx80]=150
-  [test-gpu-ptx89]=150 [bench]=150 [bench-gate]=30 [sass-digest]=60 [dashboard]=60 [golden]=120)
+  [test-gpu-ptx89]=150 [bench]=240 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=180)
 for kv in ${TIER_LIMITS:-}; do TIER_LIMIT[${kv%%=*}]=${kv#*=}; done  # e.g. TIER_LIMITS="test-gpu=300 bench=200"
 START=$SECONDS
 
@@ -50,12 +70,21 @@ require_passed() {  # require_passed TIER JUNIT: a pytest tier where nothing pas
 }
 
 test_bins=$(ls build/*/tests/*_test 2>/dev/null | tr '\n' ' ')
-# ctest's registration holds absolute paths: use it only when it was configured for this very tree.
-ctest_file=$(ls -t build/*/csrc/CTestTestfile.cmake 2>/dev/null | head -1)
-ctest_dir=${ctest_file:+$(dirname "$ctest_file")}
-if [ -n "$ctest_dir" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$PWD" "$ctest_dir/../CMakeCache.txt" 2>/dev/null; then
-  ctest_dir=""
+# The ctest registration, relocated to this tree when it was configured elsewhere (see the header).
+ctest_dir=$($PY ci/sanitize.py --locate-ctest "$OUT/ctest" 2>"$OUT/ctest-locate.log")
+ctest_how=$(tail -n 1 "$OUT/ctest-locate.log")
+command -v ctest >/dev/null || { ctest_how="ctest is not on PATH (${ctest_how})"; ctest_dir=""; }
+# The commit the results belong to (see the header): git, else $ASTRAI_GIT_COMMIT, else the image's revision.
+if git_head=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+  ASTRAI_GIT_COMMIT=$git_head; commit_source=git
+elif [ -n "${ASTRAI_GIT_COMMIT:-}" ]; then
+  commit_source="ASTRAI_GIT_COMMIT (set by the caller)"
+else
+  ASTRAI_GIT_COMMIT=$($PY -c "import json, sys; print(json.load(open(sys.argv[1])).get('git_revision') or '')" \
+    "$(ls astrai/extension/lib/cu*/image.json 2>/dev/null | tail -1)" 2>/dev/null)
+  commit_source="git_revision of the image (no git here, no ASTRAI_GIT_COMMIT given)"
 fi
+export ASTRAI_GIT_COMMIT=${ASTRAI_GIT_COMMIT:-unknown}
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 gpu_arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
 gpu_slug=$($PY -c "import sys; sys.path.insert(0, 'ci'); import bench_gate; print(bench_gate.gpu_slug(sys.argv[1]))" "${gpu_name:-unknown}" 2>/dev/null)
@@ -69,14 +98,16 @@ for tier in "${tiers[@]}"; do
       # Tier 2: the ctest registration of every csrc/tests/*.cu (full tables; the .small twins are the sanitizer's).
       if [ -n "$ctest_dir" ]; then
         run_tier cu-tests ctest --test-dir "$ctest_dir" -L cu-test -E '\.small$' --no-tests=error --output-on-failure --output-junit "$OUT/cu-tests.xml"
-        detail[cu-tests]=$($PY ci/tier_detail.py junit "$OUT/cu-tests.xml")
+        detail[cu-tests]="$($PY ci/tier_detail.py junit "$OUT/cu-tests.xml"); ctest in ${ctest_how#sanitize: ctest directory: }"
       elif [ -n "$test_bins" ]; then
-        run_tier cu-tests bash -c "rc=0; for t in $test_bins; do echo \"## \$t\"; \$t || rc=1; done; exit \$rc"
-        detail[cu-tests]="no ctest dir: ran $(echo $test_bins | wc -w) binaries directly"
+        echo "cu-tests: no usable ctest registration, running the binaries directly: $ctest_how"
+        run_tier cu-tests bash -c "echo 'no usable ctest registration: $ctest_how'; rc=0; for t in $test_bins; do echo \"## \$t\"; \$t || rc=1; done; exit \$rc"
+        detail[cu-tests]="ran $(echo $test_bins | wc -w) binaries directly: no usable ctest registration ($OUT/ctest-locate.log)"
       else status[cu-tests]="skip(no binaries)"; fi ;;
     sanitize)
       # Tier 3: builds the negative controls for this GPU, then every tool over tests, a pytest subset, controls.
       if [ -z "$test_bins" ]; then status[sanitize]="skip(no binaries)"; continue; fi
+      # The standalone tests are the ctest registration's .small entries (ci/sanitize.py discovers them).
       run_tier sanitize bash -c "rm -rf build/selftest && cmake -S csrc/tests/selftest -B build/selftest -DCMAKE_CUDA_ARCHITECTURES=${gpu_arch:-90} --log-level=WARNING && cmake --build build/selftest && $PY ci/sanitize.py --out '$OUT' --python $PY"
       detail[sanitize]=$($PY ci/tier_detail.py sanitize "$OUT/sanitize.json") ;;
     test-gpu)
@@ -91,7 +122,8 @@ for tier in "${tiers[@]}"; do
       detail[$tier]=$($PY ci/tier_detail.py junit "$OUT/$tier.xml")
       require_passed $tier "$OUT/$tier.xml" ;;
     bench)
-      # Tier 4: pytest-benchmark suites (CUDA-event timing of graph replays, anchors in the same run).
+      # Tier 4: every pytest-benchmark suite in tests/bench (rotary, quantize, attention: CUDA-event timing of
+      # graph replays, anchors in the same run); the JSON's commit_info carries $ASTRAI_GIT_COMMIT.
       run_tier bench $PY -m pytest tests/bench -q -p no:cacheprovider --benchmark-only \
         --benchmark-json="$OUT/bench.json" --benchmark-columns=min,median,max,rounds --benchmark-sort=name
       n_cases=$($PY -c "import json,sys; print(len(json.load(open(sys.argv[1]))['benchmarks']))" "$OUT/bench.json" 2>/dev/null || echo 0)
@@ -99,17 +131,24 @@ for tier in "${tiers[@]}"; do
       if [ "${status[bench]}" = pass ] && [ "$n_cases" -eq 0 ]; then status[bench]="FAIL(no case ran)"; fi ;;
     bench-gate)
       if [ ! -f "$OUT/bench.json" ]; then status[bench-gate]="skip(no bench.json)"; continue; fi
+      # Every family of the run against benchmarks/baselines/<gpu>/<family>.json; a family with no baseline file
+      # exits 3, shown as FAIL(no baseline) (record one on purpose: ci/bench_gate.py ... --update-baseline).
       run_tier bench-gate $PY ci/bench_gate.py "$OUT/bench.json" --baseline-dir "benchmarks/baselines/${gpu_slug:-unknown}" \
         --report "$OUT/bench-gate.json"
+      [ "${status[bench-gate]}" = "FAIL(3)" ] && status[bench-gate]="FAIL(no baseline)"
       detail[bench-gate]=$($PY ci/tier_detail.py gate "$OUT/bench-gate.json") ;;
     sass-digest)
-      # CPU work, cheap here too: the image's SASS per arch vs the committed digest.
-      if [ ! -f tests/golden/sass/cu130.json ] || [ ! -d astrai/extension/lib/cu130 ]; then status[sass-digest]="skip(no digest)"; continue; fi
+      # CPU work, cheap here too: each cu* image's SASS per arch vs its committed digest (skips, with the
+      # reason, when the image's toolkit or arches differ from the recorded ones).
+      digests=$(for d in astrai/extension/lib/cu*; do [ -f tests/golden/sass/$(basename $d).json ] && echo $d; done)
+      if [ -z "$digests" ]; then status[sass-digest]="skip(no digest)"; continue; fi
       if ! command -v cuobjdump >/dev/null; then status[sass-digest]="skip(no cuobjdump)"; continue; fi
-      run_tier sass-digest $PY ci/sass_digest.py astrai/extension/lib/cu130 --compare tests/golden/sass/cu130.json --out "$OUT/sass-digest.json"
-      detail[sass-digest]=$(tail -n 1 "$OUT/sass-digest.log") ;;
+      run_tier sass-digest bash -c "rc=0; for d in $digests; do $PY ci/sass_digest.py \$d --compare tests/golden/sass/\$(basename \$d).json --if-same-toolchain --out '$OUT'/sass-digest-\$(basename \$d).json || rc=1; done; exit \$rc"
+      detail[sass-digest]=$(grep '^sass-digest:' "$OUT/sass-digest.log" | tr '\n' ' ') ;;
     dashboard)
-      if ! $PY -c "import matplotlib" 2>/dev/null; then status[dashboard]="skip(no matplotlib)"; detail[dashboard]="render elsewhere: nox -s dashboard -- --run $OUT/bench.json"; continue; fi
+      if ! $PY -c "import matplotlib" 2>/dev/null; then
+        status[dashboard]="skip(no matplotlib)"; detail[dashboard]="rendered on the CPU side from this run's JSON (see below)"; continue
+      fi
       if [ ! -f "$OUT/bench.json" ]; then status[dashboard]="skip(no bench.json)"; continue; fi
       run_tier dashboard $PY ci/dashboard.py --history "benchmarks/history/${gpu_slug:-unknown}" --run "$OUT/bench.json" \
         --gate "$OUT/bench-gate.json" --out "$OUT/dashboard" ;;
@@ -126,11 +165,16 @@ for tier in "${tiers[@]}"; do
 done
 
 echo
+if [[ " ${tiers[*]} " == *" dashboard "* ]] && [ "${status[dashboard]:-}" != pass ]; then
+  echo "dashboard: not rendered on this machine (${status[dashboard]:-not run}); render it on the CPU side from this run's JSON,"
+  echo "  after copying $OUT back: nox -s dashboard -- --run <copy of $OUT>/bench.json --gate <copy of $OUT>/bench-gate.json"
+fi
+echo "commit: $ASTRAI_GIT_COMMIT (from $commit_source)"
 echo "=== summary ($(date -u +%Y-%m-%dT%H:%MZ), ${gpu_name:-no GPU}, $((SECONDS - START)) s of ${BUDGET_S} s budget, output $OUT)"
-printf '%-15s %-18s %7s  %s\n' tier status seconds detail
+printf '%-15s %-20s %7s  %s\n' tier status seconds detail
 rc=0
 for tier in "${tiers[@]}"; do
-  printf '%-15s %-18s %7s  %s\n' "$tier" "${status[$tier]:-?}" "${seconds[$tier]:--}" "${detail[$tier]:-}"
+  printf '%-15s %-20s %7s  %s\n' "$tier" "${status[$tier]:-?}" "${seconds[$tier]:--}" "${detail[$tier]:-}"
   case ${status[$tier]:-?} in pass|skip*) ;; *) rc=1 ;; esac
 done
 exit $rc

@@ -2,6 +2,17 @@
 a small pytest subset, and the negative controls (csrc/tests/selftest) that each tool must catch.
 
     python ci/sanitize.py --out OUT [--tests BIN ...] [--selftest BIN] [--pytest-subset EXPR] [--dry-run]
+    python ci/sanitize.py --locate-ctest DIR     # print a ctest directory usable from this tree (see below)
+
+The standalone tests are discovered, never listed: the `<test>.small` entries (label cu-test) of the image
+build's ctest registration (`astrai_add_family(... TESTS ...)` in csrc/CMakeLists.txt), run exactly as
+registered; only where no registration is usable, every build/*/tests/*_test binary with --small (the
+reason is printed). `--tests BIN ...` overrides both.
+
+The registration (build/<tag>/csrc/CTestTestfile.cmake) records the absolute source and build roots of the
+machine that configured it. `locate_ctest` uses it as is when it was configured for this tree, else writes
+a copy with those roots rewritten to this tree's (a GPU machine given a copy of the build), and checks that
+every registered binary exists; ci/gpu_run.sh's cu-tests tier runs ctest on it through --locate-ctest.
 
 Every run's log goes to OUT/sanitize/<tool>__<name>.log; OUT/sanitize.json holds the table. Exit status 0
 only when every expected-clean run reports nothing and every negative control is caught by its tool.
@@ -18,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -79,11 +91,11 @@ def sanitizer_command(sanitizer: str, tool: str, target: list[str]) -> list[str]
 
 
 def plan(args) -> list[Run]:
+    """args.tests: [(name, command)] of the standalone tests in --small mode."""
     runs: list[Run] = []
     for tool in args.tools:
-        for binary in args.tests:
-            runs.append(Run(tool, Path(binary).name, sanitizer_command(args.sanitizer, tool, [binary, "--small"]),
-                            "clean"))
+        for name, command in args.tests:
+            runs.append(Run(tool, name, sanitizer_command(args.sanitizer, tool, list(command)), "clean"))
         if args.pytest_subset:
             target = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *shlex.split(args.pytest_subset)]
             runs.append(Run(tool, "pytest", sanitizer_command(args.sanitizer, tool, target), "clean"))
@@ -135,6 +147,94 @@ def default_tests() -> list[str]:
     return sorted(p for p in glob.glob(str(ROOT / "build" / "*" / "tests" / "*_test")) if os.access(p, os.X_OK))
 
 
+# ---- the ctest registration: locate (relocate) and read ------------------------------------------------
+
+_RECORDED_ROOT = re.compile(r"^# (Source|Build) directory: (.+?)\s*$", re.M)
+_ADD_TEST = re.compile(r'^add_test\(\[=\[(.+?)\]=\]\s+"([^"]+)"', re.M)
+CTEST_FILE = "CTestTestfile.cmake"
+
+
+def ctest_candidates(root: Path = ROOT) -> list[Path]:
+    """The image builds' test registrations (build/*/csrc/CTestTestfile.cmake): $ASTRAI_CTEST_DIR's alone when
+    set, else newest first."""
+    if os.environ.get("ASTRAI_CTEST_DIR"):
+        return [Path(os.environ["ASTRAI_CTEST_DIR"]) / CTEST_FILE]
+    return sorted(root.glob(f"build/*/csrc/{CTEST_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def relocated_text(text: str, here: Path, root: Path) -> str:
+    """The registration text with its recorded roots rewritten: the recorded build tree (the parent of the
+    recorded `Build directory`) to where this file's build tree is now (here.parent), and the recorded source
+    root (the parent of `Source directory`) to `root`. One pass, longest first, so no path is rewritten twice."""
+    recorded = dict(_RECORDED_ROOT.findall(text))
+    if "Source" not in recorded or "Build" not in recorded:
+        raise ValueError("no '# Source directory' / '# Build directory' header")
+    mapping = {str(Path(recorded["Build"]).parent): str(here.parent), str(Path(recorded["Source"]).parent): str(root)}
+    mapping = {old: new for old, new in mapping.items() if old != new}
+    if not mapping:
+        return text
+    pattern = re.compile("|".join(re.escape(old) + r"(?=[/\"\s]|$)" for old in sorted(mapping, key=len, reverse=True)))
+    return pattern.sub(lambda m: mapping[m.group(0)], text)
+
+
+def locate_ctest(dest: Path, root: Path = ROOT) -> tuple[Path | None, str]:
+    """(a ctest directory whose registered binaries all exist from this tree, how it was found), or (None,
+    why not). A registration configured for this tree is used in place; another is copied into `dest` with
+    its recorded roots rewritten (relocated_text)."""
+    reasons = []
+    for ctest_file in ctest_candidates(root):
+        if not ctest_file.exists():
+            reasons.append(f"{ctest_file}: missing")
+            continue
+        here = ctest_file.parent
+        text = ctest_file.read_text()
+        try:
+            fixed = relocated_text(text, here, root)
+        except ValueError as exc:
+            reasons.append(f"{ctest_file}: {exc}")
+            continue
+        registered = _ADD_TEST.findall(fixed)
+        missing = [binary for _, binary in registered if not os.access(binary, os.X_OK)]
+        if not registered or missing:
+            reasons.append(f"{ctest_file}: " + ("no add_test" if not registered else
+                                                f"registered binaries missing here: {', '.join(sorted(set(missing)))}"))
+            continue
+        if fixed == text:
+            return here, f"{here} (configured for this tree)"
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / CTEST_FILE).write_text(fixed)
+        return dest, f"{dest} (a copy of {ctest_file} with its recorded roots rewritten to this tree)"
+    return None, "; ".join(reasons) or f"no build/*/csrc/{CTEST_FILE} (build the image: nox -s build)"
+
+
+def registered_small_tests(ctest_dir: Path, ctest: str = "ctest") -> list[tuple[str, list[str]]]:
+    """[(binary name, command)] of the `<test>.small` entries labelled cu-test, as ctest itself reads them."""
+    proc = subprocess.run([ctest, "--test-dir", str(ctest_dir), "--show-only=json-v1", "-L", "cu-test"],
+                          capture_output=True, text=True, check=True)
+    tests = json.loads(proc.stdout).get("tests", [])
+    return [(Path(t["command"][0]).name, list(t["command"])) for t in tests
+            if t["name"].endswith(".small") and t.get("command")]
+
+
+def discover_tests(out: Path) -> tuple[list[tuple[str, list[str]]], str]:
+    """The standalone tests in --small mode and where they came from: the ctest registration when one is usable
+    here (and ctest is on PATH), else the build/*/tests/*_test binaries, saying why."""
+    ctest = shutil.which("ctest")
+    ctest_dir, how = locate_ctest(out / "ctest")
+    if ctest_dir is not None and ctest is not None:
+        try:
+            tests = registered_small_tests(ctest_dir, ctest)
+            if tests:
+                return tests, f"ctest registration in {how}"
+            how = f"{how} registers no cu-test .small entry"
+        except (subprocess.CalledProcessError, json.JSONDecodeError, KeyError) as exc:
+            how = f"ctest --show-only failed on {ctest_dir}: {exc}"
+    elif ctest is None:
+        how = "ctest is not on PATH"
+    found = [(Path(b).name, [b, "--small"]) for b in default_tests()]
+    return found, f"build/*/tests/*_test binaries run directly (no usable ctest registration: {how})"
+
+
 def default_selftest() -> str | None:
     path = ROOT / "build" / "selftest" / "sanitizer_selftest"
     return str(path) if path.exists() else None
@@ -152,9 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per sanitizer run")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="sanitizer runs at once")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    parser.add_argument("--locate-ctest", type=Path, metavar="DIR",
+                        help="only print a ctest directory usable from this tree (a relocated copy goes into DIR); "
+                             "exit 1 with the reason on stderr when there is none")
     args = parser.parse_args(argv)
+    if args.locate_ctest is not None:
+        ctest_dir, how = locate_ctest(args.locate_ctest)
+        print(ctest_dir if ctest_dir else "")
+        print(f"sanitize: ctest directory: {how}", file=sys.stderr)
+        return 0 if ctest_dir else 1
     if args.tests is None:
-        args.tests = default_tests()
+        args.tests, how = discover_tests(args.out)
+        print(f"sanitize: standalone tests from the {how}: {', '.join(n for n, _ in args.tests) or 'none'}")
+    else:
+        args.tests = [(Path(b).name, [b, "--small"]) for b in args.tests]
     if args.selftest is None:
         args.selftest = default_selftest()
 
@@ -165,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     problems = []
     if not args.tests:
-        problems.append("no standalone test binaries (build/*/tests/*_test): build the image first")
+        problems.append("no standalone tests (ctest registration or build/*/tests/*_test): build the image first")
     if not args.selftest:
         problems.append("no negative-control binary: cmake -S csrc/tests/selftest -B build/selftest && cmake --build build/selftest")
     log_dir = args.out / "sanitize"

@@ -3,15 +3,23 @@
     python ci/sass_digest.py astrai/extension/lib/cu130 [--out digest.json]       # print / write a digest
     python ci/sass_digest.py astrai/extension/lib/cu130 --compare tests/golden/sass/cu130.json
     python ci/sass_digest.py astrai/extension/lib/cu130 --update tests/golden/sass/cu130.json
+    python ci/sass_digest.py astrai/extension/lib/cu130 --compare tests/golden/sass/cu130.json --if-same-toolchain
 
 --compare exits 1 on any function added, removed, or changed (SASS or registers) in any arch, listing each.
 Runs on the CPU: cuobjdump (PyPI nvidia-cuda-cuobjdump) disassembles with nvdisasm (nvidia-cuda-nvdisasm),
-which must sit on PATH or beside cuobjdump. A change of compiler changes the SASS too: regenerate on purpose.
+which must sit on PATH or beside cuobjdump. A change of compiler changes the SASS too: regenerate on purpose
+(`nox -s sass-digest -- --update`, ~20 s).
+
+The digest records its toolchain: the image's nvcc version and arch lists (from image.json) and the
+cuobjdump release that disassembled it. `--if-same-toolchain` (what `nox -s test` uses) compares only when
+those match the saved digest's, and otherwise prints why it skipped and exits 0, so a CI machine with another
+nvcc does not fail on SASS it could never reproduce.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -123,14 +131,49 @@ def digest_texts(sass_text: str, res_text: str) -> dict[str, dict[str, dict]]:
     return out
 
 
-def digest_paths(paths: list[Path], cuobjdump: str) -> dict:
+def cuobjdump_version(cuobjdump: str) -> str | None:
+    """'13.4.92'-like release of cuobjdump (its disassembly text is what gets hashed), None when unreadable."""
+    try:
+        out = subprocess.run([cuobjdump, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.findall(r"V(\d+\.\d+\.\d+)", out) or re.findall(r"release (\d+\.\d+)", out)
+    return found[-1] if found else None
+
+
+def toolchain(paths: list[Path], cuobjdump: str) -> dict:
+    """What made and read the SASS: nvcc version and arches from the first image.json among `paths` (None
+    for bare binaries), and the cuobjdump release."""
+    out: dict = {"cuda_version": None, "archs": None, "ptx_archs": None, "cuobjdump": cuobjdump_version(cuobjdump)}
+    for p in paths:
+        manifest = p / "image.json" if p.is_dir() else None
+        if manifest is not None and manifest.exists():
+            meta = json.loads(manifest.read_text())
+            out.update(cuda_version=meta.get("cuda_version"), archs=meta.get("archs"), ptx_archs=meta.get("ptx_archs"))
+            break
+    return out
+
+
+def toolchain_mismatch(saved: dict, current: dict) -> str | None:
+    """Why a saved digest cannot be compared with this build (None when it can)."""
+    recorded = saved.get("toolchain")
+    if not recorded:
+        return "the saved digest records no toolchain (made before it did): regenerate with nox -s sass-digest -- --update"
+    diffs = [f"{key} {current.get(key)} here vs {recorded.get(key)} recorded"
+             for key in ("cuda_version", "archs", "ptx_archs", "cuobjdump") if recorded.get(key) != current.get(key)]
+    return "; ".join(diffs) or None
+
+
+def digest_paths(paths: list[Path], cuobjdump: str, jobs: int | None = None) -> dict:
     files: list[Path] = []
     for p in paths:
         files += sorted(p.glob("*.so")) if p.is_dir() else [p]
-    libraries = {}
-    for f in files:
-        libraries[f.name] = digest_texts(_run(cuobjdump, "-sass", f), _run(cuobjdump, "-res-usage", f))
-    return {"schema": 1, "libraries": libraries}
+    # cuobjdump is single-threaded and the quantize library alone takes most of the time: run them side by side
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or min(8, os.cpu_count() or 1)) as pool:
+        texts = {(f, flag): pool.submit(_run, cuobjdump, flag, f) for f in files for flag in ("-sass", "-res-usage")}
+        libraries = {f.name: digest_texts(texts[(f, "-sass")].result(), texts[(f, "-res-usage")].result())
+                     for f in files}
+    return {"schema": 1, "toolchain": toolchain(paths, cuobjdump), "libraries": libraries}
 
 
 def compare(saved: dict, current: dict) -> list[str]:
@@ -174,9 +217,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="saved digest: exit 1 on any difference")
     parser.add_argument("--update", type=Path, help="write the digest here (on purpose only)")
     parser.add_argument("--out", type=Path, help="also write the current digest here")
+    parser.add_argument("--if-same-toolchain", action="store_true",
+                        help="with --compare: skip (exit 0, saying why) unless nvcc, arches and cuobjdump match the "
+                             "saved digest's")
     parser.add_argument("--cuobjdump", default=None)
     args = parser.parse_args(argv)
-    current = digest_paths(args.paths, args.cuobjdump or find_cuobjdump())
+    cuobjdump = args.cuobjdump or find_cuobjdump()
+    if args.compare and args.if_same_toolchain:
+        if not args.compare.exists():
+            print(f"sass-digest: skipped: no saved digest {args.compare} (nox -s sass-digest -- --update)")
+            return 0
+        why = toolchain_mismatch(json.loads(args.compare.read_text()), toolchain(args.paths, cuobjdump))
+        if why:
+            print(f"sass-digest: skipped {args.compare}: {why}")
+            return 0
+    current = digest_paths(args.paths, cuobjdump)
     text = json.dumps(current, indent=2, sort_keys=True) + "\n"
     print(summary(current))
     if args.out:

@@ -2,7 +2,8 @@
 
     python ci/tier_detail.py junit OUT/test-gpu.xml      -> "546 passed, 0 failed, 3 skipped; image cu130 (sass)"
     python ci/tier_detail.py sanitize OUT/sanitize.json  -> "20/20 clean, 4/4 controls caught"
-    python ci/tier_detail.py gate OUT/bench-gate.json    -> "16 pass, 0 FAIL, 0 inconclusive, 0 new"
+    python ci/tier_detail.py gate OUT/bench-gate.json    -> "16 pass, 0 FAIL, 0 inconclusive, 0 new, 0 missing,
+                                                            30 no-baseline (no baseline: attention, quantize)"
     python ci/tier_detail.py passed OUT/test-gpu.xml     -> "546" (tests that passed; 0 when unreadable)
 Prints "-" when the file is missing or unreadable: the detail never decides a tier's status.
 """
@@ -43,8 +44,11 @@ def sanitize(path: str) -> str:
 
 
 def gate(path: str) -> str:
-    counts = json.load(open(path))["counts"]
-    return ", ".join(f"{n} {k}" for k, n in counts.items())
+    report = json.load(open(path))
+    text = ", ".join(f"{n} {k}" for k, n in report["counts"].items())
+    if report.get("no_baseline"):
+        text += f" (no baseline: {', '.join(report['no_baseline'])})"
+    return text
 
 
 def main(argv: list[str]) -> int:

@@ -25,6 +25,7 @@ constexpr const char* kOpStatic = "astrai.quantize";
 constexpr const char* kOpDynamic = "astrai.quantize_dynamic";
 constexpr const char* kOpBlock = "astrai.quantize_block";
 constexpr const char* kOpLayout = "astrai.scale_layout";
+constexpr const char* kOpFold = "astrai.amax_history_fold";
 
 constexpr int64_t kGroup = 128;  // columns of one block / group
 
@@ -356,6 +357,63 @@ Tensor scale_layout_cpu(const Tensor& sf, bool pack_ue8m0) {
   fail(kOpLayout, "sf must be a CUDA tensor, got ", binding::device_name(sf));
 }
 
+// ---- amax_history_fold (the delayed-scaling ring fold, in place) ------------------------------------------
+
+// A one-element float32 / int64 tensor.
+void check_scalar_tensor(const char* name, const Tensor& t, ScalarType dtype) {
+  binding::check_dtype(kOpFold, name, t, dtype);
+  check(t.numel() == 1, kOpFold, name, " must hold one element, got shape ", binding::shape_str(t));
+  binding::check_element_aligned(kOpFold, name, t);
+}
+
+// Dtypes and shapes first, devices last (as the other ops): a CPU call reports a bad argument before "must be
+// a CUDA tensor".
+void validate_fold(const Tensor& ring, const Tensor& pos, const Tensor& scale, const std::optional<Tensor>& scale_inv,
+                   const Tensor& amax, double qmax, int64_t margin) {
+  binding::check_dtype(kOpFold, "ring", ring, ScalarType::Float);
+  binding::check_rank(kOpFold, "ring", ring, 1, "[history_len]");  // ring: (history_len,)
+  check(ring.numel() >= 1, kOpFold, "ring must hold at least one slot, got shape ", binding::shape_str(ring));
+  check(ring.numel() <= 1 || ring.stride(0) == 1, kOpFold, "ring must be contiguous, got strides ",
+        binding::strides_str(ring));
+  binding::check_element_aligned(kOpFold, "ring", ring);
+  check_scalar_tensor("pos", pos, ScalarType::Long);
+  check_scalar_tensor("scale", scale, ScalarType::Float);
+  if (scale_inv.has_value()) check_scalar_tensor("scale_inv", *scale_inv, ScalarType::Float);
+  check_scalar_tensor("amax", amax, ScalarType::Float);
+  check(qmax > 0.0 && qmax <= 3.4028234663852886e38, kOpFold, "qmax must be finite and > 0, got ", qmax);
+  check(margin >= 0 && margin <= (int64_t(1) << 30), kOpFold, "margin must be in [0, 2^30], got ", margin);
+  binding::check_cuda_device(kOpFold, "ring", ring);
+  binding::check_same_device(kOpFold, "pos", pos, "ring", ring);
+  binding::check_same_device(kOpFold, "scale", scale, "ring", ring);
+  if (scale_inv.has_value()) binding::check_same_device(kOpFold, "scale_inv", *scale_inv, "ring", ring);
+  binding::check_same_device(kOpFold, "amax", amax, "ring", ring);
+}
+
+void amax_history_fold_cuda(const Tensor& ring, const Tensor& pos, const Tensor& scale,
+                            const std::optional<Tensor>& scale_inv, const Tensor& amax, double qmax, int64_t margin) {
+  validate_fold(ring, pos, scale, scale_inv, amax, qmax, margin);
+  torch::stable::accelerator::DeviceGuard guard(ring.get_device_index());
+  AmaxHistoryParams p{};
+  p.ring_ptr = static_cast<float*>(ring.data_ptr());
+  p.pos_ptr = static_cast<int64_t*>(pos.data_ptr());
+  p.amax_ptr = static_cast<const float*>(amax.data_ptr());
+  p.scale_ptr = static_cast<float*>(scale.data_ptr());
+  p.scale_inv_ptr = scale_inv.has_value() ? static_cast<float*>(scale_inv->data_ptr()) : nullptr;
+  p.len = ring.numel();
+  p.qmax = float(qmax);
+  p.margin = int32_t(margin);
+  const int32_t dev = ring.get_device_index();
+  const cudaStream_t stream = binding::current_cuda_stream(kOpFold, dev);
+  std::ostringstream cfg;
+  cfg << "amax_history_fold (ring [" << p.len << "], margin " << margin << ", device=cuda:" << dev << ")";
+  binding::check_cuda_status(amax_history_fold_launch(p, stream), kOpFold, cfg.str());
+}
+
+void amax_history_fold_cpu(const Tensor& ring, const Tensor& pos, const Tensor& scale,
+                           const std::optional<Tensor>& scale_inv, const Tensor& amax, double qmax, int64_t margin) {
+  validate_fold(ring, pos, scale, scale_inv, amax, qmax, margin);
+}
+
 }  // namespace
 }  // namespace astrai
 
@@ -369,6 +427,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
       "quantize_block(Tensor x, ScalarType out_dtype, int block_rows, bool pow2_scale, bool scale_mn_major) "
       "-> (Tensor, Tensor)");
   m.def("scale_layout(Tensor sf, bool pack_ue8m0) -> Tensor");
+  m.def(
+      "amax_history_fold(Tensor(a!) ring, Tensor(b!) pos, Tensor(c!) scale, Tensor(d!)? scale_inv, Tensor amax, "
+      "float qmax, int margin) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
@@ -376,6 +437,7 @@ STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
   m.impl("quantize_dynamic", TORCH_BOX(&astrai::quantize_dynamic_cuda));
   m.impl("quantize_block", TORCH_BOX(&astrai::quantize_block_cuda));
   m.impl("scale_layout", TORCH_BOX(&astrai::scale_layout_cuda));
+  m.impl("amax_history_fold", TORCH_BOX(&astrai::amax_history_fold_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
@@ -383,4 +445,5 @@ STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
   m.impl("quantize_dynamic", TORCH_BOX(&astrai::quantize_dynamic_cpu));
   m.impl("quantize_block", TORCH_BOX(&astrai::quantize_block_cpu));
   m.impl("scale_layout", TORCH_BOX(&astrai::scale_layout_cpu));
+  m.impl("amax_history_fold", TORCH_BOX(&astrai::amax_history_fold_cpu));
 }

@@ -502,6 +502,20 @@ std::vector<Case> make_cases(bool small) {
     c.max_blocks = 3;
     cases.push_back(c);
   }
+  // Transposed raster bands: 20 tile rows (a full band of 16 and a partial one), a partial tile column;
+  // with the launcher's grid and with a tiny one (blocks loop across bands).
+  for (QuantIn in : {QuantIn::kBF16, QuantIn::kF32})
+    for (int layout : {1, 2})
+      for (int max_blocks : {0, 5}) {
+        Case c{in, QuantOut::kE4M3, Kind::kTensor, layout, QuantAmax::kRow, 2437, 200, 0, 0};
+        c.max_blocks = max_blocks;
+        if (!small || max_blocks) cases.push_back(c);
+      }
+  // Dynamic rows on the persistent grid with more rows than resident blocks hold: blocks loop and prefetch.
+  if (!small) {
+    cases.push_back(Case{QuantIn::kBF16, QuantOut::kE4M3, Kind::kDynRow, 0, QuantAmax::kRow, 20011, 64, 0, 0});
+    cases.push_back(Case{QuantIn::kF16, QuantOut::kInt8, Kind::kDynRow, 0, QuantAmax::kTensor, 20011, 48, 0, 0});
+  }
   // Empty.
   cases.push_back(Case{QuantIn::kBF16, QuantOut::kE4M3, Kind::kTensor, 2, QuantAmax::kNone, 0, 64, 0, 0});
   return cases;

@@ -1,14 +1,20 @@
-"""Tier 4 setup: benchmarks need a GPU (marked `gpu`, so they skip on the CPU), and the machine record
-(GPU, driver, CUDA, torch, image, clocks) goes into pytest-benchmark's machine_info."""
+"""Tier 4 setup: benchmarks need a GPU (marked `gpu`, so they skip on the CPU), the machine record (GPU, driver,
+CUDA, torch, image with every family's library, clocks, commit) goes into pytest-benchmark's machine_info,
+and a run in a tree without git (a GPU machine given a copy) still names its commit: $ASTRAI_GIT_COMMIT, else
+the chosen image's recorded git revision (gpu_timing.commit)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 BENCH_DIR = Path(__file__).resolve().parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+import gpu_timing  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,5 +26,13 @@ def pytest_collection_modifyitems(config, items):
 def pytest_benchmark_update_machine_info(config, machine_info):
     if not torch.cuda.is_available():
         return
-    from bench_rotary import environment  # the one machine record every bench script shares
-    machine_info["astrai"] = environment()
+    machine_info["astrai"] = gpu_timing.environment()  # the one machine record every bench script shares
+
+
+def pytest_benchmark_update_commit_info(config, commit_info):
+    """pytest-benchmark records "unversioned" outside a git tree: name the commit from the environment or the
+    image instead (git itself, when present, was already asked by pytest-benchmark)."""
+    if str(commit_info.get("id") or "") not in gpu_timing.UNVERSIONED:
+        commit_info.setdefault("source", "git")
+        return
+    commit_info["id"], commit_info["source"] = gpu_timing.commit(use_git=False)

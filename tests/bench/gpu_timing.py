@@ -1,15 +1,19 @@
 """Timing and machine record shared by the benchmark scripts (shared/MEASURE.md's method).
 
-`time_graph` times CUDA-graph replays of many calls with CUDA events; `environment` is the record (GPU,
-driver, CUDA, torch, image, clocks, date) written beside every result.
+`time_graph` times CUDA-graph replays of many calls with CUDA events; `time_copy` the device copy that is the
+memory-bound ceiling; `summarize` folds repeated runs of one case into the record the pytest-benchmark suites
+store; `environment` is the record (GPU, driver, CUDA, torch, image, clocks, commit, date) written beside every
+result; `commit` says which commit a result belongs to where the tree has no git.
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +59,69 @@ def time_graph(step, sets: list, calls: int, replays: int) -> list[float]:
     return times
 
 
+def time_copy(nbytes: int, replays: int = 20, min_calls: int = 32, max_sets: int = 64) -> float:
+    """Median microseconds of a device-to-device copy moving `nbytes` (half read, half written), inputs rotated
+    past the L2: the memory-bound ceiling for a kernel that moves `nbytes`, measured in the caller's run."""
+    words = max(1, nbytes // 8)  # int32 words per source and per destination
+    n_sets = max(1, min(max_sets, math.ceil(3 * l2_bytes() / max(8 * words, 1))))
+    calls = n_sets * max(1, math.ceil(min_calls / n_sets))
+    sets = [(torch.randint(-2**31, 2**31 - 1, (words,), device="cuda", dtype=torch.int32),
+             torch.empty(words, device="cuda", dtype=torch.int32)) for _ in range(n_sets)]
+    us = statistics.median(time_graph(lambda s: s[1].copy_(s[0]), sets, calls, replays))
+    del sets
+    torch.cuda.empty_cache()
+    return us
+
+
+def summarize(rows: list[dict], *, anchor: str, ceiling: str) -> dict:
+    """One case's record from its repeated runs. Each row holds kernel_us, anchor_us, ceiling_us, tbps and
+    fraction (of the ceiling), all measured in that run.
+
+    Returns kernel_us, anchor, anchor_us, ratio = anchor_us / kernel_us (higher is better; median over the
+    repeats), ratios (one per repeat), spread = (max - min) / median of the ratios, ceiling, ceiling_us, tbps,
+    fraction_of_ceiling (medians) and repeats: the keys ci/bench_gate.py and ci/dashboard.py read.
+    """
+    ratios = [r["anchor_us"] / r["kernel_us"] for r in rows]
+    ratio = statistics.median(ratios)
+    return {
+        "kernel_us": statistics.median(r["kernel_us"] for r in rows), "anchor": anchor,
+        "anchor_us": statistics.median(r["anchor_us"] for r in rows), "ratio": ratio, "ratios": ratios,
+        "spread": (max(ratios) - min(ratios)) / ratio, "ceiling": ceiling,
+        "ceiling_us": statistics.median(r["ceiling_us"] for r in rows),
+        "tbps": statistics.median(r["tbps"] for r in rows),
+        "fraction_of_ceiling": statistics.median(r["fraction"] for r in rows), "repeats": len(rows),
+    }
+
+
+UNVERSIONED = ("", "unknown", "unversioned")  # what pytest-benchmark and the build record where git is absent
+
+
+def commit(use_git: bool = True) -> tuple[str, str]:
+    """(commit, where it came from) for a result: git in the working tree (unless `use_git` is False), else
+    $ASTRAI_GIT_COMMIT (ci/gpu_run.sh exports it; set it when copying a tree without .git to a GPU machine),
+    else the git revision recorded in the chosen image's image.json (the commit the image was built from,
+    which may predate uncommitted changes), else "unknown"."""
+    if use_git:
+        try:
+            out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                                 timeout=10, cwd=Path(__file__).resolve().parent)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip(), "git"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if os.environ.get("ASTRAI_GIT_COMMIT", "").strip() not in UNVERSIONED:
+        return os.environ["ASTRAI_GIT_COMMIT"].strip(), "ASTRAI_GIT_COMMIT"
+    try:
+        desc = loader.describe()
+        chosen = (desc.get("chosen") or {}).get("image")
+        image = next((i for i in desc.get("images", []) if i["name"] == chosen), None) or {}
+        if (image.get("git_revision") or "") not in UNVERSIONED:
+            return image["git_revision"], f"image {chosen} git_revision"
+    except Exception:  # the record must not break a benchmark run
+        pass
+    return "unknown", "none (no git, no ASTRAI_GIT_COMMIT, no image revision)"
+
+
 def nvidia_smi(index: int) -> dict | None:
     """Clocks, power and temperature as nvidia-smi reads them, or None where it is not available."""
     fields = ("name", "driver_version", "pstate", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
@@ -68,8 +135,9 @@ def nvidia_smi(index: int) -> dict | None:
     return dict(zip(fields, values)) if len(values) == len(fields) else None
 
 
-def environment(family: str) -> dict:
-    """GPU, driver, CUDA, torch, image (with `family`'s library) and clocks, for the record beside every result."""
+def environment(family: str | None = None) -> dict:
+    """GPU, driver, CUDA, torch, image (with `family`'s library, or every library when None), clocks and commit,
+    for the record beside every result."""
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     desc = loader.describe()
@@ -87,7 +155,8 @@ def environment(family: str) -> dict:
         "image": None if image is None else {
             "name": image["name"], "toolkit": image["toolkit"], "serves": image["serves"],
             "git_revision": image["git_revision"], "built_at": image["built_at"], "path": image["path"],
-            family: image["libraries"].get(family)},
+            **({family: image["libraries"].get(family)} if family else {"libraries": image["libraries"]})},
+        "commit": dict(zip(("id", "source"), commit())),
         "overrides": desc.get("overrides"),
         "env": {k: os.environ[k] for k in ("ASTRAI_IMAGE", "CUDA_VISIBLE_DEVICES") if k in os.environ},
     }

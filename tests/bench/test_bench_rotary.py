@@ -16,7 +16,6 @@ pytest-benchmark's own statistics time one eager call plus a synchronize on the 
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_rotary  # noqa: E402
+import gpu_timing  # noqa: E402
 
 TOKENS = (1, 64, 4096, 32768)
 PAIRINGS = ("neox", "gptj")
@@ -47,19 +47,11 @@ def measured(tokens: int) -> dict[tuple[str, str], list[dict]]:
 
 
 def summarize(rows: list[dict]) -> dict:
-    ratios = [r["torch_us"] / r["kernel_us"] for r in rows]
-    fractions = [r["fraction_of_copy"] for r in rows]
-    ratio = statistics.median(ratios)
-    kernel_us = statistics.median(r["kernel_us"] for r in rows)
-    return {
-        "kernel_us": kernel_us, "anchor": "torch path", "anchor_us": statistics.median(r["torch_us"] for r in rows),
-        "ratio": ratio, "ratios": ratios, "spread": (max(ratios) - min(ratios)) / ratio,
-        "ceiling": "copy", "ceiling_us": statistics.median(r["copy_us"] for r in rows),
-        "tbps": statistics.median(r["kernel_gbps"] for r in rows) / 1e3,
-        "fraction_of_ceiling": statistics.median(fractions), "repeats": len(rows),
-        "kernel_bytes": rows[0]["kernel_bytes"], "input_sets": rows[0]["input_sets"],
-        "calls_per_graph": rows[0]["calls_per_graph"], "replays": rows[0]["replays"],
-    }
+    """bench_rotary rows of one case (one per repeat) -> the case's record (gpu_timing.summarize)."""
+    runs = [{"kernel_us": r["kernel_us"], "anchor_us": r["torch_us"], "ceiling_us": r["copy_us"],
+             "tbps": r["kernel_gbps"] / 1e3, "fraction": r["fraction_of_copy"]} for r in rows]
+    return {**gpu_timing.summarize(runs, anchor="torch path", ceiling="copy"),
+            **{k: rows[0][k] for k in ("kernel_bytes", "input_sets", "calls_per_graph", "replays")}}
 
 
 @pytest.mark.requires_cuda_kernels("rotary")

@@ -10,18 +10,17 @@ import math
 import torch
 
 from astrai.extension.ops import rotary as ops
+from support import golden
 from support.golden import randn_bf16, seeded
-
-DEVICE = "cuda"
 
 
 def _freqs(gen: torch.Generator, rows: int, head_dim: int):
     angles = torch.rand(rows, head_dim // 2, generator=gen, dtype=torch.float64) * (2 * math.pi)
-    return angles.cos().float().to(DEVICE), angles.sin().float().to(DEVICE)
+    return angles.cos().float().to(golden.DEVICE), angles.sin().float().to(golden.DEVICE)
 
 
 def _positions(gen: torch.Generator, tokens: int, max_pos: int, dtype=torch.int64):
-    return torch.randint(0, max_pos, (tokens,), generator=gen, dtype=dtype).to(DEVICE)
+    return torch.randint(0, max_pos, (tokens,), generator=gen, dtype=dtype).to(golden.DEVICE)
 
 
 def qk(tokens: int, heads_q: int, heads_k: int, head_dim: int, interleaved: bool, seed: int):

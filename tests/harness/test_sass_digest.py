@@ -135,3 +135,54 @@ def test_fixture_binary_negative_control(tmp_path):
     kinds = sorted({(p.split()[0], p.split()[2]) for p in problems})
     assert kinds == [("added", "sm_80"), ("added", "sm_90"), ("changed", "sm_80"), ("changed", "sm_90")], problems
     assert sass_digest.main([str(changed), "--compare", str(renamed), "--cuobjdump", cuobjdump]) == 1
+
+
+TOOLCHAIN = {"cuda_version": "13.0.88", "archs": ["80", "90a"], "ptx_archs": ["80"], "cuobjdump": "13.4.92"}
+
+
+def test_toolchain_mismatch_names_what_differs():
+    assert sass_digest.toolchain_mismatch({"toolchain": TOOLCHAIN}, dict(TOOLCHAIN)) is None
+    assert "records no toolchain" in sass_digest.toolchain_mismatch({"libraries": {}}, TOOLCHAIN)
+    why = sass_digest.toolchain_mismatch({"toolchain": TOOLCHAIN}, dict(TOOLCHAIN, cuda_version="13.2.86"))
+    assert why == "cuda_version 13.2.86 here vs 13.0.88 recorded"
+    why = sass_digest.toolchain_mismatch({"toolchain": TOOLCHAIN}, dict(TOOLCHAIN, archs=["90a"], cuobjdump="13.0.85"))
+    assert "archs" in why and "cuobjdump 13.0.85 here" in why
+
+
+def _image_dir(tmp_path: Path, cuda_version: str) -> Path:
+    image = tmp_path / "cu130"
+    image.mkdir()
+    (image / "image.json").write_text(json.dumps({"cuda_version": cuda_version, "archs": ["80", "90"],
+                                                  "ptx_archs": []}))
+    return image
+
+
+def test_if_same_toolchain_skips_another_compiler_without_disassembling(tmp_path, capsys):
+    image = _image_dir(tmp_path, "12.9.41")
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"toolchain": dict(TOOLCHAIN, archs=["80", "90"], ptx_archs=[]), "libraries": {}}))
+    # a cuobjdump that cannot run: the skip is decided before any disassembly
+    rc = sass_digest.main([str(image), "--compare", str(saved), "--if-same-toolchain", "--cuobjdump", "/nonexistent"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "skipped" in out and "cuda_version 12.9.41 here vs 13.0.88 recorded" in out
+    assert sass_digest.main([str(image), "--compare", str(tmp_path / "none.json"), "--if-same-toolchain",
+                             "--cuobjdump", "/nonexistent"]) == 0
+
+
+def test_if_same_toolchain_still_fails_on_changed_sass(tmp_path):
+    """The negative control of the tier-0 gate: same toolchain, changed kernel -> exit 1."""
+    tools = _tools()
+    if tools is None:
+        if os.environ.get("ASTRAI_EXPECT_IMAGE") == "1":
+            pytest.fail("nvcc, cuobjdump or nvdisasm missing under ASTRAI_EXPECT_IMAGE=1")
+        pytest.skip("needs nvcc, cuobjdump and nvdisasm (nox -s test installs the last two)")
+    nvcc, cuobjdump = tools
+    image = _image_dir(tmp_path, "13.0.88")
+    shutil.copy(compile_fixture(nvcc, tmp_path, "base"), image / "astrai_fixture.so")
+    saved = tmp_path / "saved.json"
+    assert sass_digest.main([str(image), "--update", str(saved), "--cuobjdump", cuobjdump]) == 0
+    assert json.loads(saved.read_text())["toolchain"]["cuda_version"] == "13.0.88"
+    args = [str(image), "--compare", str(saved), "--if-same-toolchain", "--cuobjdump", cuobjdump]
+    assert sass_digest.main(args) == 0
+    shutil.copy(compile_fixture(nvcc, tmp_path, "changed", extra=" + 1.0f"), image / "astrai_fixture.so")
+    assert sass_digest.main(args) == 1

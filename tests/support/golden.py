@@ -4,29 +4,96 @@ Digests live in tests/golden/<family>.json as {"<image>/sm_<cc>": {"<case>": "<s
 live in tests/golden/<family>_cases.py as CASES = {"<case>": fn() -> outputs}. Inputs come from a CPU
 torch.Generator, so they are the same bytes on every machine. Only `nox -s golden` (or
 `ci/gpu_run.sh golden`, which runs tests/golden/regenerate.py) writes digests; tests only read them.
+
+A family's cases are a table: `op_cases(FAMILY, {"<case>": OpCase("<op>", build), ...})` calls
+`torch.ops.astrai.<op>(*build(generator))` (the schema's positional arguments) on inputs drawn from a
+generator seeded by the case name. A case whose op the running image does not register (an op still being
+written) skips, in the test and in the regeneration alike.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
+import pytest
 import torch
 
 from support.bitwise import digest
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+# Where case inputs are placed; read at call time. Tier 0 sets "cpu" to run every case's arguments through
+# the op's CPU-dispatched validation (which then refuses a CPU tensor) without a GPU.
+DEVICE = "cuda"
 
 
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
-def randn_bf16(gen: torch.Generator, *shape: int, device: str = "cuda") -> torch.Tensor:
-    """Standard-normal bf16 drawn on the CPU from `gen` (machine-independent), then moved to `device`."""
-    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(torch.bfloat16).to(device)
+def randn_bf16(gen: torch.Generator, *shape: int, device: str | None = None) -> torch.Tensor:
+    """Standard-normal bf16 drawn on the CPU from `gen` (machine-independent), then moved to `device` (DEVICE)."""
+    return randn(gen, *shape, device=device)
+
+
+def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.bfloat16, device: str | None = None
+          ) -> torch.Tensor:
+    """Standard-normal values of `dtype` drawn on the CPU from `gen`, then moved to `device` (DEVICE)."""
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(device or DEVICE)
+
+
+def case_seed(name: str) -> int:
+    """The input seed of a table case: fixed by its name, so adding or reordering cases changes no digest."""
+    return zlib.crc32(name.encode())
+
+
+class OpCase(NamedTuple):
+    """One golden case of a table: `torch.ops.astrai.<op>(*build(generator))`.
+
+    op: the registered op name; build: generator -> the schema's positional arguments (CUDA tensors and
+    values); written: indices of arguments the op writes in place (e.g. the caches of paged_kv_append),
+    whose contents after the call are outputs too (after the op's own tensor results); post: maps the
+    outputs before they are digested (e.g. to include the padding of a strided layout).
+    """
+    op: str
+    build: Callable[[torch.Generator], tuple]
+    written: tuple[int, ...] = ()
+    post: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]] | None = None
+
+
+def require_op(family: str, op: str):
+    """`torch.ops.astrai.<op>` after loading `family`'s library from the chosen image (the loader itself: the
+    digests are of the kernels, whatever the Python wrappers register); skips (pytest.skip, caught by
+    regenerate.py) when the image does not register the op yet."""
+    from astrai.extension import loader
+    loader.load_family(family, op=f"astrai::{op}")
+    if not hasattr(torch.ops.astrai, op):
+        pytest.skip(f"torch.ops.astrai.{op} is not registered by this image (an op not written or not built yet)")
+    return getattr(torch.ops.astrai, op)
+
+
+def outputs_of(result, args: tuple = (), written: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+    """An op's tensor results (None and empty placeholders dropped), then the arguments it wrote."""
+    results = (result,) if isinstance(result, torch.Tensor) else tuple(result or ())
+    kept = tuple(t for t in results if isinstance(t, torch.Tensor) and t.numel() > 0)
+    return kept + tuple(args[i] for i in written)
+
+
+def op_cases(family: str, table: dict[str, OpCase]) -> dict[str, Callable[[], tuple[torch.Tensor, ...]]]:
+    """CASES for a family from a table of OpCase: each runs its op on inputs seeded by the case name."""
+    def make(name: str, case: OpCase):
+        def run():
+            fn = require_op(family, case.op)
+            args = case.build(seeded(case_seed(name)))
+            outputs = outputs_of(fn(*args), args, case.written)
+            return case.post(outputs) if case.post else outputs
+        run.op = case.op
+        return run
+    return {name: make(name, case) for name, case in table.items()}
 
 
 def families() -> list[str]:

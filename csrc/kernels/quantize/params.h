@@ -58,6 +58,21 @@ struct AmaxParams {
   QuantIn in_type;
 };
 
+// The delayed-scaling ring fold (one step): ring[slot] = amax_ptr[0] with slot = pos_ptr[0] mod len, pos advanced
+// to the next slot; then the multiplier of the next step from the ring's max m (torch.amax: NaN if the ring holds
+// one): scale = s(m) / 2^margin, s(m) = qmax / m rounded once (FLT_MAX past it), 1 when m is 0, inf or NaN; the
+// division by 2^margin rounds once (0 for margin >= 128). Everything stays on the device: no host sync.
+struct AmaxHistoryParams {
+  float* ring_ptr;         // [len] float32 amax history
+  int64_t* pos_ptr;        // [1]: the slot of this step's amax; written back as (slot + 1) mod len
+  const float* amax_ptr;   // [1]: this step's amax
+  float* scale_ptr;        // [1] out: the multiplier of the next step
+  float* scale_inv_ptr;    // [1] out: 1 / scale rounded once; null: not written
+  int64_t len;             // ring length, >= 1
+  float qmax;              // the format's largest finite magnitude
+  int32_t margin;          // >= 0
+};
+
 // 128 x 128 block quantization (weights): one multiplier per [block_rows, block_cols] tile, from its amax.
 struct BlockQuantParams {
   const void* x_ptr;             // x: [rows, cols]

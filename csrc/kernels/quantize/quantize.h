@@ -16,6 +16,10 @@ cudaError_t quantize_launch(const QuantizeParams& params, cudaStream_t stream);
 // amax_ptr[0] = max(amax_ptr[0], max |x|) (NaN if x holds one); the caller zeroes amax_ptr first.
 cudaError_t quantize_amax_launch(const AmaxParams& params, cudaStream_t stream);
 
+// The delayed-scaling ring fold (AmaxHistoryParams): one block, stream-ordered after the launch that wrote
+// amax_ptr; graph capturable (the slot lives in device memory).
+cudaError_t amax_history_fold_launch(const AmaxHistoryParams& params, cudaStream_t stream);
+
 // 128 x 128 block-scaled fp8 quantization; cols % 128 == 0.
 cudaError_t quantize_block128_launch(const BlockQuantParams& params, cudaStream_t stream);
 

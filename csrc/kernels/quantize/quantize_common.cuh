@@ -130,6 +130,9 @@ __device__ __forceinline__ void unpack_step(const uint32_t (&w)[StepWords<kIn, N
   }
 }
 
+// Asks for the line holding `ptr` in L2 (no register result, nothing waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
+
 // |v| as ordered bits: for non-negative floats the unsigned order is the float order, and every NaN sorts
 // above +inf, so a max over these bits is max |x| and propagates NaN (as torch.amax does).
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }

@@ -50,8 +50,20 @@ constexpr int rows_min_blocks() {
              : 2;
 }
 
-template <QuantIn kIn, QuantOut kOut, bool kVec, RowsMode kMode>
-__global__ void __launch_bounds__(kRowsBlockThreads, (rows_min_blocks<kIn, kVec, kMode>())) quantize_rows_kernel(const __grid_constant__ QuantizeParams p) {
+// Dynamic rows: while a warp reduces, casts and stores its row, the row of its next grid-stride iteration is
+// prefetched into L2, so DRAM keeps streaming between a warp's load and store phases (with the register cache
+// holding one row per warp, 2 x 8 warps per SM, 4096 x 4096 bf16 is only ~2 rows per warp: without it, the
+// loads of the second row waited for the first row's stores). Pays with a persistent grid (the launcher's).
+template <RowsMode kMode>
+constexpr bool rows_prefetch_default() {
+  return kMode == RowsMode::kDynamicRow;
+}
+
+// kMinBlocks, kPrefetch: the register cap and the prefetch above (other values for the sweep,
+// .gpu_scratch/quantize/sweep.cu).
+template <QuantIn kIn, QuantOut kOut, bool kVec, RowsMode kMode, int kMinBlocks = rows_min_blocks<kIn, kVec, kMode>(),
+          bool kPrefetch = rows_prefetch_default<kMode>()>
+__global__ void __launch_bounds__(kRowsBlockThreads, kMinBlocks) quantize_rows_kernel(const __grid_constant__ QuantizeParams p) {
   constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
   const int tpr = int(blockDim.x);  // threads per row
   const int tx = int(threadIdx.x);
@@ -138,6 +150,13 @@ __global__ void __launch_bounds__(kRowsBlockThreads, (rows_min_blocks<kIn, kVec,
         } else {
 #pragma unroll
           for (int k = 0; k < kWords; ++k) cache[s][k] = 0u;  // +0.0: no effect on the amax, never stored
+        }
+      }
+      if constexpr (kPrefetch) {
+        const int64_t next = row + row_step;
+        if (next < p.rows) {
+          const char* next_row = x + next * p.x_row_stride * kInBytes;
+          for (int64_t c = tx; c < steps; c += tpr) prefetch_l2(next_row + c * kStep * kInBytes);
         }
       }
       uint32_t m = 0;
@@ -282,6 +301,61 @@ __global__ void __launch_bounds__(kRowsBlockThreads) amax_kernel(const __grid_co
     for (int w = 0; w < int(blockDim.x >> 5); ++w) m = max(m, red[w]);
     if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), m);
   }
+}
+
+// Float order as unsigned bits (negative values below positive ones), for a max over any float32 values.
+__device__ __forceinline__ uint32_t ordered_bits(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered_bits(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+constexpr int kFoldThreads = 256;
+
+// The ring fold of AmaxHistoryParams, one block: every thread takes the max over its ring slots, with this
+// step's amax in place of the slot it replaces (nobody reads that slot, so thread 0 writes it without a race);
+// a NaN anywhere makes the max NaN, as torch.amax. A template (of nothing) so that every .cu including this
+// header may define it, like the other kernels here.
+template <int kThreads = kFoldThreads>
+__global__ void __launch_bounds__(kThreads) amax_history_fold_kernel(const __grid_constant__ AmaxHistoryParams p) {
+  __shared__ uint32_t red_max[kFoldThreads / 32];
+  __shared__ int red_nan[kFoldThreads / 32];
+  const int tid = int(threadIdx.x);
+  const int64_t len = p.len;
+  int64_t slot = *p.pos_ptr % len;
+  if (slot < 0) slot += len;
+  const float amax = *p.amax_ptr;
+  uint32_t m = 0;  // below every ordered float
+  int nan = 0;
+  for (int64_t i = tid; i < len; i += kFoldThreads) {
+    const float v = i == slot ? amax : p.ring_ptr[i];
+    nan |= v != v;
+    m = max(m, ordered_bits(v));
+  }
+  for (int o = 1; o < 32; o <<= 1) {
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+  }
+  if ((tid & 31) == 0) {
+    red_max[tid >> 5] = m;
+    red_nan[tid >> 5] = nan;
+  }
+  __syncthreads();
+  if (tid != 0) return;
+  for (int w = 0; w < kFoldThreads / 32; ++w) {
+    m = max(m, red_max[w]);
+    nan |= red_nan[w];
+  }
+  const float ring_max = nan ? __uint_as_float(0x7fc00000u) : from_ordered_bits(m);
+  p.ring_ptr[slot] = amax;
+  *p.pos_ptr = slot + 1 == len ? 0 : slot + 1;
+  const float mul = scale_from_amax(ring_max, p.qmax, false).mul;
+  const float div = p.margin >= 128 ? __uint_as_float(0x7f800000u) : __uint_as_float(uint32_t(127 + p.margin) << 23);
+  const float scale = __fdiv_rn(mul, div);
+  *p.scale_ptr = scale;
+  if (p.scale_inv_ptr != nullptr) *p.scale_inv_ptr = __fdiv_rn(1.0f, scale);
 }
 
 }  // namespace quantize

@@ -1,5 +1,6 @@
 // Launchers of the row-major quantize kernel and the per-tensor amax pass; quantize_launch validates the
 // params and routes transposed layouts to the tiled-transpose kernel.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/cuda_check.h"
@@ -35,7 +36,17 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
   ASTRAI_CUDA_TRY(quantize_detail::grid_for((p.rows + rpb - 1) / rpb, kRowsBlockThreads, p.max_blocks, &grid));
   const dim3 block(tpr, rpb);
   if (p.scale_kind == QuantScale::kDynamicRow) {
-    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kDynamicRow><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+    const auto kernel = &quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kDynamicRow>;
+    if (quantize::rows_prefetch_default<RowsMode::kDynamicRow>() && p.max_blocks == 0) {
+      // Persistent grid: the prefetch of each block's next rows needs blocks that loop.
+      int device = 0, sm_count = 0, resident = 0;
+      ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+      ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+      ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
+                                                                    kRowsBlockThreads, 0));
+      if (resident > 0) grid = std::min<int64_t>(grid, int64_t(resident) * sm_count);
+    }
+    kernel<<<dim3(unsigned(grid)), block, 0, stream>>>(p);
   } else if (p.scale_kind == QuantScale::kDynamicGroup) {
     quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kGroup><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
   } else if (p.scale_kind == QuantScale::kColumn) {
@@ -129,6 +140,15 @@ cudaError_t quantize_amax_launch(const AmaxParams& p, cudaStream_t stream) {
     case QuantIn::kF32: return launch_amax_vec<QuantIn::kF32>(p, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t amax_history_fold_launch(const AmaxHistoryParams& p, cudaStream_t stream) {
+  if (p.ring_ptr == nullptr || p.pos_ptr == nullptr || p.amax_ptr == nullptr || p.scale_ptr == nullptr ||
+      p.len < 1 || p.margin < 0 || !(p.qmax > 0.0f)) {
+    return cudaErrorInvalidValue;
+  }
+  quantize::amax_history_fold_kernel<><<<dim3(1), dim3(quantize::kFoldThreads), 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace astrai

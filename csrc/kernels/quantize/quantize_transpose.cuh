@@ -13,6 +13,37 @@ namespace quantize {
 constexpr int kTileRows = 128;  // TM: rows of x per tile = bytes of one out_t row segment (8 x 16 bytes)
 constexpr int kTileCols = 64;   // TN: columns of x per tile = rows of out_t per tile
 constexpr int kTransposeThreads = 256;
+// Raster order of the tiles: bands of kTransposeBandTiles tile rows, walked column by column (tm fastest in a
+// band). The tiles in flight at once (a contiguous range of tile indices, ~400 on an H100/H200) then cover
+// about 16 tile rows x 25 tile columns: each out_t row receives 16 x 128 = 2 KB of contiguous bytes and each
+// x row gives 25 x 128 = 3.2 KB. Row-major order (band of 1) wrote 128 bytes per out_t row, 64 KB apart at
+// M = 65536: a DRAM page opened per 128 bytes written, which made the transposed write cost as much as both
+// layouts together. 4 x fewer bytes per out_t row than per x row would be balanced by bytes; the sweep
+// (.gpu_scratch/quantize/sweep.cu) measured the band widths.
+constexpr int kTransposeBandTiles = 16;
+
+// Tile (tm, tn) of linear tile index `tile` in the banded raster order above.
+template <int kBandTiles>
+__host__ __device__ __forceinline__ void transpose_tile_coords(int64_t tile, int64_t tiles_m, int64_t tiles_n, int64_t* tm,
+                                                      int64_t* tn) {
+  const int64_t band = tile / (int64_t(kBandTiles) * tiles_n);
+  const int64_t band_m0 = band * kBandTiles;
+  const int64_t band_rows = tiles_m - band_m0 < kBandTiles ? tiles_m - band_m0 : kBandTiles;  // last band: fewer
+  const int64_t idx = tile - band_m0 * tiles_n;
+  const int64_t col = idx / band_rows;
+  *tm = band_m0 + (idx - col * band_rows);
+  *tn = col;
+}
+
+// Grid of the transposed kernel for `tiles` tiles and `resident` blocks resident at once: the fewest blocks
+// that still take the same number of rounds (tiles per block) as a full resident grid, so that no round is a
+// nearly empty tail: 4096 x 4096 (2048 tiles, 396 resident blocks on 132 SMs) runs 6 rounds of 342 blocks
+// rather than 5 of 396 and one of 68.
+inline int64_t transpose_grid(int64_t tiles, int64_t resident) {
+  if (resident < 1) resident = 1;
+  const int64_t rounds = (tiles + resident - 1) / resident;
+  return rounds < 1 ? 1 : (tiles + rounds - 1) / rounds;
+}
 
 // Thread (warp w, lane l) loads rows 4*mg .. 4*mg+3 and columns 8*ng .. 8*ng+7 of the tile, where
 //   ng = 2*(w % 4) + (l & 1)      (0..7)
@@ -30,8 +61,11 @@ __device__ __forceinline__ int swizzled_word(int n, int mg) {
 // Blocks loop over tiles (the launcher sizes a persistent grid), each prefetching its next tile's loads.
 // Register cap: 3 blocks per SM for bf16 (78 registers, no spills with -Xptxas -v); 2 for fp16 / fp32.
 // Supported multipliers: kTensor, kRow (per row of x), kColumn (per column of x), kFromAmax.
-template <QuantIn kIn, QuantOut kOut, bool kVec>
+// kBandTiles: the raster band (kTransposeBandTiles; other values for the sweep). Every order writes the same
+// bytes: each tile is computed alone, and the fused amax is an atomic max.
+template <QuantIn kIn, QuantOut kOut, bool kVec, int kBandTiles = kTransposeBandTiles>
 __global__ void __launch_bounds__(kTransposeThreads, kIn == QuantIn::kBF16 ? 3 : 2) quantize_transpose_kernel(const __grid_constant__ QuantizeParams p) {
+  static_assert(kBandTiles >= 1, "the raster band holds at least one tile row");
   static_assert(kOut != QuantOut::kInt8, "the transposed layouts are fp8 only");
   constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
   __shared__ __align__(16) uint32_t tile_t[kTileCols * kTileRows / 4];  // [TN, TM bytes] swizzled
@@ -85,8 +119,8 @@ __global__ void __launch_bounds__(kTransposeThreads, kIn == QuantIn::kBF16 ? 3 :
   // Software pipeline: the next tile's loads are issued before this tile's cast, shared-memory transpose and
   // stores, so a block keeps two tiles of loads in flight across its barriers.
   uint32_t next[4][kRunWords];
-  int64_t next_tm = int64_t(blockIdx.x) / tiles_n;  // consecutive blocks walk along a row band of x
-  int64_t next_tn = int64_t(blockIdx.x) - next_tm * tiles_n;
+  int64_t next_tm = 0, next_tn = 0;
+  transpose_tile_coords<kBandTiles>(int64_t(blockIdx.x), tiles_m, tiles_n, &next_tm, &next_tn);
   if (int64_t(blockIdx.x) < tiles) load_tile(next_tm, next_tn, next);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t tm = next_tm;
@@ -99,8 +133,7 @@ __global__ void __launch_bounds__(kTransposeThreads, kIn == QuantIn::kBF16 ? 3 :
 #pragma unroll
     for (int i = 0; i < 4; ++i) unpack_step<kIn, 8>(next[i], v[i]);
     if (tile + gridDim.x < tiles) {
-      next_tm = (tile + gridDim.x) / tiles_n;
-      next_tn = (tile + gridDim.x) - next_tm * tiles_n;
+      transpose_tile_coords<kBandTiles>(tile + gridDim.x, tiles_m, tiles_n, &next_tm, &next_tn);
       load_tile(next_tm, next_tn, next);
     }
 

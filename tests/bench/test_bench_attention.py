@@ -1,0 +1,107 @@
+"""pytest-benchmark suite for the attention kernels (tier 4): decode now, one case per (B, L, KV layout);
+prefill goes in the marked section below.
+
+Decode figures are measured by bench_attention.measure (CUDA events around CUDA-graph replays, inputs rotated
+past the L2; cuDNN and flash SDPA on the same K/V measured in the same run), plus a device copy of the same
+number of bytes (gpu_timing.time_copy) as the memory-bound ceiling, repeated REPEATS times for the run-to-run
+spread. Each case's extra_info, as gpu_timing.summarize writes it: kernel_us, anchor ("cuDNN SDPA"), anchor_us,
+ratio = anchor_us / kernel_us, ratios, spread, ceiling ("copy"), ceiling_us, tbps (K+V bytes read / kernel
+time), fraction_of_ceiling (kernel TB/s over the copy's), and flash_us / ratio_vs_flash beside it. Where cuDNN
+refuses a shape in any repeat, flash SDPA is the anchor and the record says so (the gate then reports the case
+as inconclusive against a cuDNN baseline instead of comparing unlike ratios).
+
+    python -m pytest tests/bench/test_bench_attention.py --benchmark-only --benchmark-json=OUT.json
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_attention  # noqa: E402
+import gpu_timing  # noqa: E402
+
+from astrai.extension.ops import attention as ops  # noqa: E402
+
+REPEATS = 3
+HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128  # GQA 4, D 128: the shapes of docs/benchmarks.md
+# (B, L): latency-bound single sequences up to bandwidth-bound batches; pinned here (not the script's
+# defaults, which other work extends) so the gate's case list changes only on purpose.
+DECODE_SHAPES = ((1, 512), (1, 4096), (1, 32768), (16, 4096), (16, 16384), (64, 4096), (64, 16384))
+DECODE_KINDS = ("contiguous", "paged16")
+
+
+def record(rows: list[dict]) -> dict:
+    """Rows of one case (one per repeat, each with the kernel, anchors and copy_us of that run) -> its record:
+    cuDNN SDPA as the anchor when it ran in every repeat, else flash SDPA."""
+    anchor, key = ("cuDNN SDPA", "cudnn_us") if all(r.get("cudnn_us") for r in rows) else ("flash SDPA", "flash_us")
+    if not all(r.get(key) for r in rows):
+        pytest.fail(f"no SDPA anchor ran in every repeat (cuDNN: {[r.get('cudnn_us') for r in rows]}, "
+                    f"flash: {[r.get('flash_us') for r in rows]})")
+    runs = [{"kernel_us": r["kernel_us"], "anchor_us": r[key], "ceiling_us": r["copy_us"], "tbps": r["kernel_tbps"],
+             "fraction": r["copy_us"] / r["kernel_us"]} for r in rows]  # same bytes: the ratio of the times
+    flash = [r["flash_us"] for r in rows if r.get("flash_us")]
+    return {**gpu_timing.summarize(runs, anchor=anchor, ceiling="copy"),
+            "flash_us": statistics.median(flash) if flash else None,
+            "ratio_vs_flash": statistics.median(f / r["kernel_us"] for f, r in zip(flash, rows)) if flash else None,
+            **{k: rows[0][k] for k in ("kv_bytes", "input_sets", "calls_per_graph", "replays")}}
+
+
+# ---- decode: attn_decode (contiguous K/V) and attn_paged_decode (page 16) -------------------------------
+
+def decode_case_id(batch: int, length: int, kind: str) -> str:
+    """The case name shared with the baselines (benchmarks/baselines/<gpu>/attention.json)."""
+    return f"attention.decode[B={batch},L={length},{kind}]"
+
+
+@functools.cache
+def measured_decode(batch: int, length: int) -> dict[str, list[dict]]:
+    """REPEATS runs of bench_attention.measure for one (B, L), each with the copy ceiling of the same bytes
+    measured right after it: rows keyed by kind."""
+    runs: dict[str, list[dict]] = {}
+    for _ in range(REPEATS):
+        rows = bench_attention.measure(batch, length, heads_q=HEADS_Q, heads_kv=HEADS_KV, head_dim=HEAD_DIM)
+        copy_us = gpu_timing.time_copy(rows[0]["kv_bytes"])
+        for row in rows:
+            runs.setdefault(row["kind"], []).append({**row, "copy_us": copy_us})
+    return runs
+
+
+@pytest.mark.requires_cuda_kernels("attention")
+@pytest.mark.parametrize("kind", DECODE_KINDS)
+@pytest.mark.parametrize("batch,length", DECODE_SHAPES, ids=[f"B{b}xL{n}" for b, n in DECODE_SHAPES])
+def test_decode(benchmark, batch, length, kind):
+    benchmark.group = f"attention.decode B={batch} L={length}"
+    rows = measured_decode(batch, length)[kind]
+    benchmark.extra_info.update({"case": decode_case_id(batch, length, kind), "family": "attention",
+                                 "batch": batch, "kv_len": length, "kind": kind, "heads_q": HEADS_Q,
+                                 "heads_kv": HEADS_KV, "head_dim": HEAD_DIM, **record(rows)})
+    s = bench_attention._make_set(batch, length, HEADS_Q, HEADS_KV, HEAD_DIM)
+
+    def eager_call():
+        if kind == "contiguous":
+            ops.attn_decode(s["q"], s["k"], s["v"], s["kv_lens"])
+        else:
+            ops.attn_paged_decode(s["q"], s["k_cache"], s["v_cache"], s["page_table"], s["kv_lens"])
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(eager_call, rounds=20, iterations=1, warmup_rounds=3)
+    s.clear()  # B=64, L=16384: 8.6 GB of K/V and pages
+    torch.cuda.empty_cache()
+
+
+# ---- prefill: attn_prefill, attn_prefill_ragged, attn_paged_prefill -------------------------------------
+# PLACE FOR PREFILL. When tests/bench/bench_attention.py measures prefill (a `measure_prefill(...)` returning
+# rows with the kernel time, the cuDNN / flash SDPA prefill times of the same run and the FLOPs), add here:
+#   PREFILL_SHAPES = (...)                              pinned, like DECODE_SHAPES
+#   prefill_case_id(...) -> "attention.prefill[B=..,L=..,causal|full,dense|ragged|paged16]"
+#   measured_prefill(...)  REPEATS runs, cached per shape, like measured_decode
+#   test_prefill(benchmark, ...)  extra_info from gpu_timing.summarize with anchor "cuDNN SDPA", the ceiling
+#       "cuBLAS bf16" (a same-run F.linear of the same FLOPs: compute-bound) and tbps replaced by TFLOP/s
+# Its cases land in benchmarks/baselines/<gpu>/attention.json on the next explicit --update-baseline.
