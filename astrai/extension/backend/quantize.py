@@ -19,6 +19,10 @@ two with `pow2_scale`), `s = 1` for an amax of 0, inf or NaN; the returned `scal
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import weakref
+
 import torch
 
 from astrai.extension import loader
@@ -281,34 +285,111 @@ def quantize_int8_per_channel(weight: torch.Tensor, *, path: str = "auto") -> tu
     return quantize_int8_per_row(weight, path=path)
 
 
+# ---- the delayed-scaling ring fold -----------------------------------------------------------------------------
+
+def fold_amax_history_torch(ring: torch.Tensor, pos: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, *,
+                            qmax: float, margin: int = 0, scale_inv: torch.Tensor | None = None) -> None:
+    """The ring fold in torch, in place, on any device, without a host sync: the CPU path and the model the
+    kernel is tested against (`ops.quantize.amax_history_fold` has the rule), with the slot kept in the int64
+    tensor `pos`."""
+    n = ring.numel()
+    slot = pos.reshape(1).remainder(n)
+    ring.scatter_(0, slot, amax.reshape(1).to(ring.dtype))
+    pos.copy_(((slot + 1) % n).reshape(pos.shape))
+    mul, _ = scale_from_amax_torch(ring.amax().reshape(1), qmax, False)
+    # 2**margin as float32 is inf from 128 on (a Python float overflows only at 1024).
+    div = 2.0 ** margin if margin < 128 else float("inf")
+    nxt = mul / div
+    scale.copy_(nxt.reshape(scale.shape))
+    if scale_inv is not None:
+        scale_inv.copy_((1.0 / nxt).reshape(scale_inv.shape))
+
+
+def fold_amax_history(ring: torch.Tensor, pos: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, *,
+                      qmax: float, margin: int = 0, scale_inv: torch.Tensor | None = None,
+                      path: str = "auto") -> None:
+    """The delayed-scaling ring fold, in place: `ring[pos % len] = amax`, `pos` advanced, `scale` (and
+    `scale_inv`) set to the next step's multiplier (`ops.quantize.amax_history_fold` has the rule).
+
+    path "auto": the kernel for a CUDA ring when an image serves the quantize family, else torch; "cuda" /
+    "torch" force one. Both give the same bits, and neither syncs with the host.
+
+    Example
+    -------
+    >>> fold_amax_history(ring, pos, scale, amax, qmax=448.0, margin=0)
+    """
+    if path not in PATHS:
+        raise ValueError(f"fold_amax_history: path must be one of {PATHS}, got {path!r}")
+    if margin < 0:
+        raise ValueError(f"fold_amax_history: margin must be >= 0, got {margin}")
+    use_kernel = path == "cuda" or (path == "auto" and ring.is_cuda and _kernels_available())
+    if use_kernel:
+        ops.amax_history_fold(ring, pos, scale, amax, qmax=qmax, margin=margin, scale_inv=scale_inv)
+    else:
+        fold_amax_history_torch(ring, pos, scale, amax, qmax=qmax, margin=margin, scale_inv=scale_inv)
+
+
+class AmaxHistory:
+    """One tensor role's delayed-scaling state, all on `device`: the amax ring (float32 `[length]`), the slot
+    (`pos`, int64 `[1]`), the next multiplier (`scale`, float32 `[1]`) and its reciprocal (`scale_inv`).
+    `fold(amax)` updates them on the device (no host sync; CUDA-graph capturable); `steps` counts folds on the
+    host (0: no history yet, quantize dynamically). `DelayedScaling` keeps one per tensor role and weight.
+
+    Example
+    -------
+    >>> hist = AmaxHistory(16, qmax=448.0, device="cuda")
+    >>> q, q_t, amax = quantize_fp8(x, hist.scale, layout="dual", amax="tensor", check_scale=False)
+    >>> hist.fold(amax)
+    """
+
+    def __init__(self, length: int, *, qmax: float, margin: int = 0, device=None, path: str = "auto"):
+        if length < 1:
+            raise ValueError(f"AmaxHistory: length must be >= 1, got {length}")
+        self.ring = torch.zeros(length, dtype=torch.float32, device=device)
+        self.pos = torch.zeros(1, dtype=torch.int64, device=device)
+        self.scale = torch.ones(1, dtype=torch.float32, device=device)
+        self.scale_inv = torch.ones(1, dtype=torch.float32, device=device)
+        self.qmax, self.margin, self.path = float(qmax), int(margin), path
+        self.steps = 0
+
+    def fold(self, amax: torch.Tensor) -> None:
+        """This step's amax (float32, one element, on the ring's device) into the ring; `scale` and
+        `scale_inv` become the next step's."""
+        fold_amax_history(self.ring, self.pos, self.scale, amax.float(), qmax=self.qmax, margin=self.margin,
+                          scale_inv=self.scale_inv, path=self.path)
+        self.steps += 1
+
+
 # ---- the FP8 strategy layer: recipes and fp8_autocast ------------------------------------------------------------
 #
-# fp8_autocast routes `torch.nn.functional.linear` (what nn.Linear calls) through fp8 quantization and
-# `torch._scaled_mm`, forward and backward, while the context is active. Nothing is installed at import: the
-# TorchFunctionMode is pushed on entering the context and popped on leaving it.
+# fp8_autocast routes `aten::linear` (nn.Linear, F.linear, and C++ callers of at::linear) through fp8
+# quantization and `torch._scaled_mm`, forward and backward, while the context is active. It does so with a
+# Python kernel for aten::linear at the Autograd<Device> and <Device> dispatch keys of the routed device types
+# (the backend key serves inference_mode, which skips the autograd keys). Nothing is registered at import: the
+# outermost active context of any thread registers the kernel and the last one to leave destroys the
+# registration, so outside every context aten::linear dispatches exactly as in plain torch. While registered,
+# the kernel reads this thread's innermost context: none, a disabled one, or a call it cannot route runs
+# aten::linear's own CompositeImplicitAutograd kernel (`decompose`), the kernel dispatch would have picked.
 #
 # Forward: x [M, K] and W [N, K] quantized to e4m3 with both layouts (row-major for the forward GEMM,
 # transposed kept for the backward), out = _scaled_mm(xq, Wq^T) * scale_inv_x * scale_inv_w (+ bias).
 # Backward: grad [M, N] quantized to the recipe's backward format with both layouts;
 #   grad_x = _scaled_mm(gq, (W^T)q^T), grad_W = _scaled_mm((g^T)q, (x^T)q^T), grad_bias = grad.sum(0).
-# Calls the GEMM cannot take (M, N or K not a multiple of 16, an input that is not bf16/fp16/fp32, a device
-# outside `devices`) run the plain linear.
-
-import dataclasses  # noqa: E402
-import threading  # noqa: E402
-import weakref  # noqa: E402
-
-from torch.overrides import TorchFunctionMode  # noqa: E402
+# Calls the GEMM cannot take (M, N or K not a multiple of 16, an input that is not bf16/fp16/fp32, a tensor
+# subclass, a device outside `devices`) run the plain linear.
 
 _FORMATS = {"hybrid": (torch.float8_e4m3fn, torch.float8_e5m2), "e4m3": (torch.float8_e4m3fn, torch.float8_e4m3fn)}
+_DISPATCH_KEYS = {"cpu": ("AutogradCPU", "CPU"), "cuda": ("AutogradCUDA", "CUDA")}
+_LINEAR = torch.ops.aten.linear.default
 
 
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling:
-    """Delayed scaling: each tensor role (input, weight, gradient) of each weight keeps a ring of its last
-    `amax_history_len` amax values; the multiplier of step t is `fp8_max / max(ring) / 2**margin` from the
-    steps before it (the first step quantizes dynamically), and step t's amax (fused into the quantize
-    kernel) enters the ring. fp8_format "hybrid": e4m3 forward, e5m2 gradients; "e4m3": e4m3 everywhere."""
+    """Delayed scaling: each tensor role (input, weight, gradient) of each weight keeps an `AmaxHistory` of its
+    last `amax_history_len` amax values on the tensor's device; the multiplier of step t is
+    `fp8_max / max(ring) / 2**margin` from the steps before it (the first step quantizes dynamically), and step
+    t's amax (fused into the quantize kernel) enters the ring through the fold kernel, without a host sync.
+    fp8_format "hybrid": e4m3 forward, e5m2 gradients; "e4m3": e4m3 everywhere."""
     amax_history_len: int = 16
     margin: int = 0
     fp8_format: str = "hybrid"
@@ -338,40 +419,41 @@ class DynamicScaling:
 
 
 class _History:
-    """One tensor role's amax ring (float32 [len], on the tensor's device) and the multiplier it implies."""
+    """DelayedScaling's state for one tensor role of one weight: an `AmaxHistory` (ring, slot, multiplier and
+    its reciprocal on the tensor's device) and the fold count on the host."""
 
-    def __init__(self, length: int, device):
-        self.ring = torch.zeros(length, dtype=torch.float32, device=device)
-        self.pos = 0
-        self.steps = 0
+    def __init__(self, length: int, device, *, qmax: float, margin: int):
+        self.amax_history = AmaxHistory(length, qmax=qmax, margin=margin, device=device)
 
-    def scale(self, fp8_max: float, margin: int) -> torch.Tensor | None:
-        """The multiplier from the ring, or None before the first step (quantize dynamically then)."""
-        if self.steps == 0:
-            return None
-        amax = self.ring.amax()
-        mul, _ = scale_from_amax_torch(amax.reshape(1), fp8_max, False)
-        return mul / (2.0 ** margin)
+    @property
+    def steps(self) -> int:
+        return self.amax_history.steps
+
+    def scale(self) -> torch.Tensor | None:
+        """The multiplier (float32 [1], on the device), or None before the first fold (quantize dynamically)."""
+        return self.amax_history.scale if self.amax_history.steps else None
+
+    def scale_inv(self) -> torch.Tensor:
+        """1 / scale() as the fold rounded it: the dequantization scale of this step."""
+        return self.amax_history.scale_inv
 
     def fold(self, amax: torch.Tensor) -> None:
-        """The ring fold: this step's amax into the slot after the last one (no host sync)."""
-        self.ring[self.pos] = amax.reshape(())
-        self.pos = (self.pos + 1) % self.ring.numel()
-        self.steps += 1
+        """This step's amax into the ring; scale() and scale_inv() become the next step's (no host sync)."""
+        self.amax_history.fold(amax)
 
 
 def _quantize_both(t: torch.Tensor, dtype: torch.dtype, recipe, history: _History | None):
-    """(q [M, N], q_t [N, M], scale_inv) per tensor; the delayed recipe folds this step's amax."""
-    fp8_max = FP8_MAX[dtype]
-    mul = history.scale(fp8_max, recipe.margin) if history is not None else None
+    """(q [M, N], q_t [N, M], scale_inv []) per tensor; the delayed recipe folds this step's amax."""
+    mul = history.scale() if history is not None else None
     if mul is None:
         q, q_t, inv = quantize_fp8_dynamic(t, dtype, granularity="tensor", layout="dual")
         if history is not None:
             history.fold(t.detach().abs().amax().float())
         return q, q_t, inv.reshape(())
     q, q_t, amax = quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
+    inv = history.scale_inv().clone()  # the fold below overwrites it with the next step's
     history.fold(amax)
-    return q, q_t, (1.0 / mul).reshape(())
+    return q, q_t, inv.reshape(())
 
 
 class _Fp8Linear(torch.autograd.Function):
@@ -385,7 +467,6 @@ class _Fp8Linear(torch.autograd.Function):
             wq, _, sw = quantize_fp8_dynamic(weight, torch.float8_e4m3fn, granularity="row")
             out = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.reshape(1, -1), bias=mm_bias,
                                    out_dtype=x2.dtype)
-            x_t = w_t = sx_t = sw_t = None
             ctx.save_for_backward(x2, weight)
             ctx.rowwise = True
         else:
@@ -423,64 +504,81 @@ class _Fp8Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
-class _Fp8LinearMode(TorchFunctionMode):
-    def __init__(self, recipe, devices):
-        super().__init__()
-        self.recipe = recipe
-        self.devices = devices
-        # id(weight) -> (weakref to weight, {"x", "w", "g"} histories) for delayed scaling. Keyed by id, not by
-        # the tensor: a tensor's == is elementwise. A dead or reused id starts a fresh state.
-        self.states: dict[int, tuple] = {}
+# ---- the aten::linear kernel and its registration ----------------------------------------------------------------
 
-    def _routable(self, x, weight, bias) -> bool:
-        if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
-            return False
-        if x.device.type not in self.devices or weight.device != x.device or weight.dim() != 2 or x.dim() < 1:
-            return False
-        if x.dtype not in _IN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-            return False
-        n, k = weight.shape
-        m = x.numel() // max(k, 1)
-        return x.shape[-1] == k and k % 16 == 0 and n % 16 == 0 and m % 16 == 0 and m > 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.linear:
-            x = args[0] if args else kwargs.get("input")
-            weight = args[1] if len(args) > 1 else kwargs.get("weight")
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if self._routable(x, weight, bias):
-                state = None
-                if isinstance(self.recipe, DelayedScaling):
-                    entry = self.states.get(id(weight))
-                    if entry is None or entry[0]() is not weight:
-                        n = self.recipe.amax_history_len
-                        entry = (weakref.ref(weight), {r: _History(n, x.device) for r in ("x", "w", "g")})
-                        self.states[id(weight)] = entry
-                    state = entry[1]
-                x2 = x.reshape(-1, x.shape[-1])
-                out = _Fp8Linear.apply(x2, weight, bias, self.recipe, state)
-                return out.reshape(*x.shape[:-1], weight.shape[0])
-        return func(*args, **kwargs)
+_local = threading.local()  # .stack: this thread's entered (fp8_autocast, enabled at entry), innermost last
+_registry_lock = threading.Lock()
+_registry: dict[str, list] = {}  # device type -> [torch.library.Library, number of active contexts routing it]
 
 
-_local = threading.local()
+def _context_stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _linear_kernel(x, weight, bias=None):
+    """aten::linear while some context routes this device: this thread's innermost context decides."""
+    stack = getattr(_local, "stack", None)
+    if stack:
+        ctx, enabled = stack[-1]
+        if enabled and ctx._routable(x, weight, bias):
+            return ctx._fp8_linear(x, weight, bias)
+    return _LINEAR.decompose(x, weight, bias)
+
+
+def _acquire(devices: tuple[str, ...]) -> None:
+    with _registry_lock:
+        for device in devices:
+            entry = _registry.get(device)
+            if entry is None:
+                lib = torch.library.Library("aten", "IMPL")
+                for key in _DISPATCH_KEYS[device]:
+                    lib.impl("linear", _linear_kernel, key)
+                entry = _registry[device] = [lib, 0]
+            entry[1] += 1
+
+
+def _release(devices: tuple[str, ...]) -> None:
+    with _registry_lock:
+        for device in devices:
+            entry = _registry[device]
+            entry[1] -= 1
+            if entry[1] == 0:
+                entry[0]._destroy()  # the dispatcher forgets the kernel: aten::linear is plain torch again
+                del _registry[device]
+
+
+def routed_devices() -> tuple[str, ...]:
+    """The device types whose aten::linear carries fp8_autocast's kernel now (empty outside every context)."""
+    with _registry_lock:
+        return tuple(sorted(_registry))
 
 
 class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
-    """Route `torch.nn.functional.linear` (nn.Linear) through fp8 quantization and `torch._scaled_mm`,
-    forward and backward, inside the context.
+    """Route `aten::linear` (nn.Linear, F.linear) through fp8 quantization and `torch._scaled_mm`, forward and
+    backward, inside the context.
+
+    Importing registers nothing. Entering the outermost enabled context of the process registers a Python
+    kernel for aten::linear at the dispatch keys of `devices` (AutogradCUDA and CUDA by default); leaving the
+    last one removes it, also when the body raises. While it is registered every linear on those devices
+    makes one Python call; the innermost context of the calling thread decides what it does, and threads
+    outside any context get the plain linear.
 
     Parameters
     ----------
     enabled : bool
-        False makes the context a no-op.
+        False runs the plain linear inside the context, also when an enclosing context is enabled (as
+        torch.autocast).
     recipe : DelayedScaling or DynamicScaling, optional
-        Default `DelayedScaling()`. Delayed-scaling histories live in the context object and are keyed by the
-        weight tensor: reuse one `fp8_autocast` object across steps to keep them.
+        Default `DelayedScaling()`. Delayed-scaling histories live on the device in the context object, keyed
+        by the weight tensor (dropped when it dies): reuse one `fp8_autocast` object across steps to keep them.
+        Under torch.autocast the weight seen is autocast's cast copy, a new tensor each region: a fresh history.
     devices : tuple of str
-        Device types routed, default ("cuda",). Calls on other devices, and calls whose M, N or K is not a
-        multiple of 16, run the plain linear.
+        Device types routed, "cuda" (default) and/or "cpu" (torch's CPU `_scaled_mm`, for tests). Calls on
+        other devices, calls with tensor subclasses, and calls whose M, N or K is not a multiple of 16 run the
+        plain linear.
 
     Example
     -------
@@ -495,19 +593,62 @@ class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
         recipe = DelayedScaling() if recipe is None else recipe
         if not isinstance(recipe, (DelayedScaling, DynamicScaling)):
             raise ValueError(f"fp8_autocast: recipe must be DelayedScaling or DynamicScaling, got {type(recipe).__name__}")
-        self.enabled = enabled
+        devices = tuple(dict.fromkeys(devices))
+        if not devices or any(d not in _DISPATCH_KEYS for d in devices):
+            raise ValueError(f"fp8_autocast: devices must be a non-empty tuple of {tuple(_DISPATCH_KEYS)}, got {devices}")
+        self.enabled = bool(enabled)
         self.recipe = recipe
-        self._mode = _Fp8LinearMode(recipe, tuple(devices))
-        self._entered = 0
+        self.devices = devices
+        # id(weight) -> (weakref to weight, {"x", "w", "g"} histories) for delayed scaling. Keyed by id, not by
+        # the tensor: a tensor's == is elementwise. The weakref's callback drops the entry when the weight dies.
+        self.states: dict[int, tuple] = {}
 
     def __enter__(self):
-        if self.enabled:
-            self._mode.__enter__()
-            self._entered += 1
+        enabled = self.enabled  # kept with the entry: what __exit__ releases
+        if enabled:
+            _acquire(self.devices)
+        _context_stack().append((self, enabled))
         return self
 
     def __exit__(self, *exc):
-        if self.enabled and self._entered:
-            self._entered -= 1
-            self._mode.__exit__(*exc)
+        stack = _context_stack()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] is self:
+                _, enabled = stack.pop(i)
+                if enabled:
+                    _release(self.devices)
+                break
         return False
+
+    def _routable(self, x, weight, bias) -> bool:
+        plain = (torch.Tensor, torch.nn.Parameter)
+        if type(x) not in plain or type(weight) not in plain or (bias is not None and type(bias) not in plain):
+            return False
+        if x.device.type not in self.devices or weight.device != x.device or weight.dim() != 2 or x.dim() < 1:
+            return False
+        if x.dtype not in _IN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+            return False
+        n, k = weight.shape
+        m = x.numel() // max(k, 1)
+        return x.shape[-1] == k and k % 16 == 0 and n % 16 == 0 and m % 16 == 0 and m > 0
+
+    def _state(self, weight: torch.Tensor, device) -> dict:
+        entry = self.states.get(id(weight))
+        if entry is None or entry[0]() is not weight:
+            fwd, bwd = (FP8_MAX[d] for d in _FORMATS[self.recipe.fp8_format])
+            n, margin = self.recipe.amax_history_len, self.recipe.margin
+            state = {r: _History(n, device, qmax=q, margin=margin) for r, q in (("x", fwd), ("w", fwd), ("g", bwd))}
+            key, states = id(weight), self.states
+
+            def forget(ref):
+                if states.get(key, (None,))[0] is ref:
+                    del states[key]
+
+            entry = self.states[key] = (weakref.ref(weight, forget), state)
+        return entry[1]
+
+    def _fp8_linear(self, x, weight, bias):
+        state = self._state(weight, x.device) if isinstance(self.recipe, DelayedScaling) else None
+        x2 = x.reshape(-1, x.shape[-1])
+        out = _Fp8Linear.apply(x2, weight, bias, self.recipe, state)
+        return out.reshape(*x.shape[:-1], weight.shape[0])

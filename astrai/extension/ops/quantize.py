@@ -24,6 +24,7 @@ Example::
     q, scale_inv = ops.quantize_dynamic(x, torch.float8_e4m3fn, granularity="row")
     q, sf = ops.quantize_block(x, torch.float8_e4m3fn, block_rows=1, pow2_scale=True, scale_mn_major=True)
     packed = ops.scale_layout(sf_rowmajor, pack_ue8m0=True)       # int32 [mn, ceil(sf_k/4)], MN-major
+    ops.amax_history_fold(ring, pos, scale, amax, qmax=448.0, margin=0)   # in place: ring, pos, scale
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ OP = "astrai.quantize"
 OP_DYNAMIC = "astrai.quantize_dynamic"
 OP_BLOCK = "astrai.quantize_block"
 OP_LAYOUT = "astrai.scale_layout"
+OP_FOLD = "astrai.amax_history_fold"
 
 LAYOUTS = {"rowwise": 0, "transposed": 1, "dual": 2}
 AMAX = {None: 0, "none": 0, "tensor": 1, "row": 2}
@@ -89,10 +91,15 @@ def _fake_scale_layout(sf, pack_ue8m0):
     return _mn_major(sf, mn, sf_k, torch.float32)
 
 
+def _fake_amax_history_fold(ring, pos, scale, scale_inv, amax, qmax, margin):
+    return None  # in place: no outputs
+
+
 _FAKES = {"astrai::quantize": _fake_quantize,
           "astrai::quantize_dynamic": _fake_quantize_dynamic,
           "astrai::quantize_block": _fake_quantize_block,
-          "astrai::scale_layout": _fake_scale_layout}
+          "astrai::scale_layout": _fake_scale_layout,
+          "astrai::amax_history_fold": _fake_amax_history_fold}
 
 
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
@@ -255,6 +262,43 @@ def scale_layout(sf: torch.Tensor, *, pack_ue8m0: bool = False) -> torch.Tensor:
     """
     load()
     return torch.ops.astrai.scale_layout(sf, pack_ue8m0)
+
+
+def amax_history_fold(ring: torch.Tensor, pos: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, *,
+                      qmax: float, margin: int = 0, scale_inv: torch.Tensor | None = None) -> None:
+    """The delayed-scaling ring fold, in place on the device: `torch.ops.astrai.amax_history_fold`.
+
+    One launch, stream-ordered after whatever wrote `amax`, no host sync (CUDA-graph capturable: the slot is in
+    `pos`, on the device).
+
+    Parameters
+    ----------
+    ring : Tensor
+        float32 `[history_len]`, contiguous, CUDA: the amax history. `ring[pos % history_len] = amax`.
+    pos : Tensor
+        int64, one element: the slot of this step's amax; advanced to the next slot (mod history_len).
+    scale : Tensor
+        float32, one element, written: the multiplier of the next step, `s(max(ring)) / 2**margin` where
+        `s(a) = qmax / a` in float32 (FLT_MAX past it) and 1 for a max of 0, inf or NaN (torch.amax: a NaN in
+        the ring makes the max NaN); the division by `2**margin` rounds once (0 from margin 128 on).
+    amax : Tensor
+        float32, one element: this step's amax (e.g. `quantize(..., amax="tensor")[2]`).
+    qmax : float
+        The format's largest finite magnitude (448 for e4m3, 57344 for e5m2).
+    margin : int
+        >= 0.
+    scale_inv : Tensor, optional
+        float32, one element, written: `1 / scale` rounded once.
+
+    Example
+    -------
+    >>> ring, pos = torch.zeros(16, device="cuda"), torch.zeros(1, dtype=torch.int64, device="cuda")
+    >>> scale = torch.ones(1, device="cuda")
+    >>> q, q_t, amax = quantize(x, scale, layout="dual", amax="tensor", check_scale=False)
+    >>> amax_history_fold(ring, pos, scale, amax, qmax=448.0)      # scale now holds the next step's multiplier
+    """
+    load()
+    torch.ops.astrai.amax_history_fold(ring, pos, scale, scale_inv, amax, float(qmax), int(margin))
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
