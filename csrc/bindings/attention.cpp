@@ -1,5 +1,6 @@
-// Stable-ABI registration of the attention ops: validate, plan the KV splits, allocate the workspace,
-// pack DecodeParams / AppendParams, launch on the current stream.
+// Stable-ABI registration of the attention ops: validate, plan (decode KV splits, prefill Q tiles), allocate
+// the workspace, pack DecodeParams / PrefillParams / AppendParams, launch on the current stream.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -25,6 +26,9 @@ using torch::stable::Tensor;
 constexpr const char* kOpDecode = "astrai.attn_decode";
 constexpr const char* kOpPagedDecode = "astrai.attn_paged_decode";
 constexpr const char* kOpAppend = "astrai.paged_kv_append";
+constexpr const char* kOpPrefill = "astrai.attn_prefill";
+constexpr const char* kOpPrefillRagged = "astrai.attn_prefill_ragged";
+constexpr const char* kOpPagedPrefill = "astrai.attn_paged_prefill";
 
 bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15u) == 0; }
 
@@ -197,6 +201,11 @@ Tensor decode(const char* op, const DecodeArgs& a) {
   torch::stable::accelerator::DeviceGuard guard(device);
   Tensor out = torch::stable::new_empty(a.q, {a.q.size(0), a.q.size(1), a.q.size(2)});
   if (p.batch == 0) return out;
+  // An empty mask ([B, 0], paged) keeps no key; its data pointer may be null, which would read as "no mask".
+  if (a.mask && a.mask->numel() == 0) {
+    torch::stable::zero_(out);
+    return out;
+  }
   const DecodePlan plan = attn_decode_plan(p.batch, p.num_kv_heads, p.num_q_heads / p.num_kv_heads, p.max_kv_len,
                                            sm_count(device), a.kv_split_size);
   p.num_splits = plan.num_splits;
@@ -243,6 +252,278 @@ Tensor attn_paged_decode_cpu(const Tensor& q, const Tensor& k_cache, const Tenso
   const std::optional<Tensor> table(page_table), lens(kv_lens);
   make_decode_params(kOpPagedDecode, DecodeArgs{q, k_cache, v_cache, table, lens, mask, scale, kv_split_size});
   fail(kOpPagedDecode, "q must be a CUDA tensor, got ", binding::device_name(q));
+}
+
+// ---- prefill --------------------------------------------------------------------------------------
+
+// One packer serves the three prefill ops. Q schedule: ragged when qo_indptr is set ([Tq, Hq, D]), else
+// dense ([B, Lq, Hq, D]). KV source: paged when page_table is set, contiguous ragged when kv_indptr is set
+// ([Tkv, Hkv, D]), else contiguous dense ([B, L, Hkv, D]).
+struct PrefillArgs {
+  const Tensor& q;
+  const Tensor& k;
+  const Tensor& v;
+  const std::optional<Tensor>& qo_indptr;
+  const std::optional<Tensor>& kv_indptr;
+  const std::optional<Tensor>& page_table;
+  const std::optional<Tensor>& kv_lens;
+  const std::optional<Tensor>& mask;
+  bool is_causal;
+  double scale;
+};
+
+std::string config_str(const char* kernel, const PrefillParams& p, int32_t device_index) {
+  std::ostringstream s;
+  s << kernel << " (B=" << p.batch << ", " << (p.qo_indptr_ptr ? "Tq=" : "Lq=") << p.q_len << ", Hq=" << p.num_q_heads
+    << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim << ", max_kv_len=" << p.max_kv_len;
+  if (p.paged) s << ", page_size=" << (1 << p.page_size_log2) << ", num_pages=" << p.num_pages;
+  s << ", mask=" << (p.mask_ptr ? (p.mask_q_stride ? "3-D" : "2-D") : "no") << ", causal=" << (p.is_causal ? 1 : 0)
+    << ", q_tiles=" << p.num_q_tiles << ", device=cuda:" << device_index << ")";
+  return s.str();
+}
+
+// Validates every argument (the device last, so that a CPU call reports shape errors first) and packs the
+// inputs; output, workspace and the tile plan are the caller's. Values inside qo_indptr, kv_indptr and
+// kv_lens are never read here (that needs a host sync): the device clamps them.
+PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
+  const bool ragged_q = a.qo_indptr.has_value();
+  const bool paged = a.page_table.has_value();
+  const bool ragged_kv = a.kv_indptr.has_value();
+  const char* kname = paged ? "k_cache" : "k";
+  const char* vname = paged ? "v_cache" : "v";
+  const char* kv_layout = paged ? "[num_pages, page_size, Hkv, D]" : ragged_kv ? "[Tkv, Hkv, D]" : "[B, L, Hkv, D]";
+  binding::check_dtype(op, "q", a.q, ScalarType::BFloat16);
+  binding::check_dtype(op, kname, a.k, ScalarType::BFloat16);
+  binding::check_dtype(op, vname, a.v, ScalarType::BFloat16);
+  binding::check_rank(op, "q", a.q, ragged_q ? 3 : 4, ragged_q ? "[Tq, Hq, D]" : "[B, Lq, Hq, D]");
+  binding::check_rank(op, kname, a.k, ragged_kv ? 3 : 4, kv_layout);  // k: (B, L, Hkv, D) / (Tkv, ..) / (P, ps, ..)
+  binding::check_rank(op, vname, a.v, ragged_kv ? 3 : 4, kv_layout);  // v: like k
+  const int64_t q_head_axis = ragged_q ? 1 : 2, k_head_axis = ragged_kv ? 1 : 2;
+  const int64_t q_rows = a.q.size(ragged_q ? 0 : 1);  // Tq (ragged) or Lq (dense)
+  const int64_t hq = a.q.size(q_head_axis), d = a.q.size(q_head_axis + 1), hkv = a.k.size(k_head_axis);
+  check(d == 64 || d == 128 || d == 256, op, "head_dim (q.size(", q_head_axis + 1, ")) must be 64, 128 or 256, got ",
+        d);
+  check(a.k.size(k_head_axis + 1) == d, op, kname, ".size(", k_head_axis + 1, ") must equal head_dim = ", d, ", got ",
+        a.k.size(k_head_axis + 1));
+  check(a.v.sizes().equals(a.k.sizes()), op, vname, " must have the shape of ", kname, " ",
+        binding::shape_str(a.k), ", got ", binding::shape_str(a.v));
+  check(hkv >= 1 && hq >= 1 && hq % hkv == 0, op, "q heads (q.size(", q_head_axis, ") = ", hq,
+        ") must be a positive multiple of kv heads (", kname, ".size(", k_head_axis, ") = ", hkv, ")");
+  check(q_rows <= INT32_MAX, op, ragged_q ? "q.size(0) (Tq)" : "q.size(1) (Lq)", " must fit in int32, got ", q_rows);
+
+  // The batch: q's first axis (dense Q), else the page table's rows (paged), else qo_indptr's size - 1.
+  int64_t batch = 0;
+  if (paged) {
+    const Tensor& pt = *a.page_table;
+    binding::check_dtype(op, "page_table", pt, ScalarType::Int);
+    binding::check_rank(op, "page_table", pt, 2, "[B, max_pages]");  // page_table: (B, max_pages)
+    batch = ragged_q ? pt.size(0) : a.q.size(0);
+    check(pt.size(0) == batch, op, "page_table.size(0) must equal the batch q.size(0) = ", batch, ", got ",
+          pt.size(0));
+  } else if (ragged_q) {
+    binding::check_dtype(op, "qo_indptr", *a.qo_indptr, ScalarType::Int);
+    binding::check_rank(op, "qo_indptr", *a.qo_indptr, 1, "[B + 1]");
+    check(a.qo_indptr->size(0) >= 1, op, "qo_indptr must have B + 1 >= 1 elements, got 0");
+    batch = a.qo_indptr->size(0) - 1;
+  } else {
+    batch = a.q.size(0);
+  }
+  check(batch <= INT32_MAX - 1, op, "batch must fit in int32, got ", batch);
+  if (ragged_q) check_int32_vector(op, "qo_indptr", *a.qo_indptr, batch + 1, "[B + 1]");  // qo_indptr: (B + 1,)
+  if (ragged_kv) check_int32_vector(op, "kv_indptr", *a.kv_indptr, batch + 1, "[B + 1]");  // kv_indptr: (B + 1,)
+
+  int64_t max_kv_len = 0, num_pages = 0, page_size = 0;
+  if (paged) {
+    const Tensor& pt = *a.page_table;
+    num_pages = a.k.size(0);
+    page_size = a.k.size(1);
+    check(page_size >= 1 && page_size <= 128 && log2_exact(page_size) >= 0, op,
+          "page_size (k_cache.size(1)) must be a power of two in [1, 128], got ", page_size);
+    check(pt.size(1) <= 1 || pt.stride(1) == 1, op, "page_table must have stride 1 in its last dimension, got ",
+          binding::strides_str(pt));
+    check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_str(pt));
+    binding::check_element_aligned(op, "page_table", pt);
+    check(num_pages <= INT32_MAX, op, "k_cache.size(0) (pages) must fit in int32, got ", num_pages);
+    max_kv_len = pt.size(1) * page_size;
+    check(a.kv_lens.has_value(), op, "kv_lens is required for the paged cache");
+  } else if (ragged_kv) {
+    max_kv_len = a.k.size(0);
+  } else {
+    max_kv_len = a.k.size(1);
+    check(a.k.size(0) == batch, op, "k.size(0) must equal the batch q.size(0) = ", batch, ", got ", a.k.size(0));
+  }
+  check(max_kv_len <= INT32_MAX - 1024, op, "keys per sequence must fit in int32, got ", max_kv_len);
+  if (a.kv_lens) check_int32_vector(op, "kv_lens", *a.kv_lens, batch, "[B]");  // kv_lens: (B,)
+
+  // Masks are indexed by (sequence, row within the sequence, key within the sequence). Contiguous dense K/V:
+  // the key axis is exactly L; paged or ragged K/V: any M (keys at or past M are dropped).
+  const bool mask_len_free = paged || ragged_kv;
+  if (a.mask) {
+    const Tensor& m = *a.mask;
+    const char* rows = ragged_q ? "max_q_len" : "Lq";
+    const char* keys = mask_len_free ? "M" : "L";
+    binding::check_dtype(op, "mask", m, ScalarType::Bool);
+    check(m.dim() == 2 || m.dim() == 3, op, "mask must be 2-D [B, ", keys, "] or 3-D [B, ", rows, ", ", keys,
+          "], got ", m.dim(), "-D with shape ", binding::shape_str(m));
+    check(m.size(0) == batch, op, "mask.size(0) must equal the batch ", batch, ", got ", m.size(0));
+    const int64_t m_keys = m.size(m.dim() - 1);
+    if (!mask_len_free) {
+      check(m_keys == max_kv_len, op, "mask.size(", m.dim() - 1, ") must equal the keys per sequence k.size(1) = ",
+            max_kv_len, ", got ", m_keys);
+    }
+    if (m.dim() == 3 && !ragged_q) {
+      check(m.size(1) == q_rows, op, "mask.size(1) must equal the query rows q.size(1) = ", q_rows, ", got ",
+            m.size(1));
+    }
+    check(m_keys <= INT32_MAX && (m.dim() == 2 || m.size(1) <= INT32_MAX), op, "mask sizes must fit in int32, got ",
+          binding::shape_str(m));
+    binding::check_strides(op, "mask", m);
+    // The kernel reads a zero row stride as a [B, M] key mask, which keeps rows past max_q_len: packed rows can
+    // run past it, so their 3-D mask needs a real row stride.
+    check(!ragged_q || m.dim() == 2 || m.size(1) <= 1 || m.stride(1) != 0, op,
+          "a 3-D mask must not have stride 0 along its rows (an expanded view), got strides ", binding::strides_str(m),
+          "; pass the [B, M] key mask itself or call .contiguous()");
+  }
+  check(std::isfinite(a.scale) && a.scale != 0.0, op, "scale must be finite and non-zero, got ", a.scale);
+  check_vec_layout(op, "q", a.q);
+  check_vec_layout(op, kname, a.k);
+  check_vec_layout(op, vname, a.v);
+
+  binding::check_cuda_device(op, "q", a.q);
+  binding::check_same_device(op, kname, a.k, "q", a.q);
+  binding::check_same_device(op, vname, a.v, "q", a.q);
+  if (ragged_q) binding::check_same_device(op, "qo_indptr", *a.qo_indptr, "q", a.q);
+  if (ragged_kv) binding::check_same_device(op, "kv_indptr", *a.kv_indptr, "q", a.q);
+  if (paged) binding::check_same_device(op, "page_table", *a.page_table, "q", a.q);
+  if (a.kv_lens) binding::check_same_device(op, "kv_lens", *a.kv_lens, "q", a.q);
+  if (a.mask) binding::check_same_device(op, "mask", *a.mask, "q", a.q);
+
+  PrefillParams p{};
+  p.q_ptr = a.q.data_ptr();
+  p.k_ptr = a.k.data_ptr();
+  p.v_ptr = a.v.data_ptr();
+  const int64_t qa = ragged_q ? 0 : 1;  // q's row axis
+  p.q_batch_stride = ragged_q ? 0 : stride_of(a.q, 0);
+  p.q_seq_stride = stride_of(a.q, qa);
+  p.q_head_stride = stride_of(a.q, qa + 1);
+  const int64_t ka = ragged_kv ? 0 : 1;  // k's key axis (the slot axis when paged)
+  p.k_batch_stride = ragged_kv ? 0 : stride_of(a.k, 0);
+  p.k_seq_stride = stride_of(a.k, ka);
+  p.k_head_stride = stride_of(a.k, ka + 1);
+  p.v_batch_stride = ragged_kv ? 0 : stride_of(a.v, 0);
+  p.v_seq_stride = stride_of(a.v, ka);
+  p.v_head_stride = stride_of(a.v, ka + 1);
+  if (ragged_q) p.qo_indptr_ptr = static_cast<const int32_t*>(a.qo_indptr->data_ptr());
+  if (ragged_kv) p.kv_indptr_ptr = static_cast<const int32_t*>(a.kv_indptr->data_ptr());
+  if (a.kv_lens) p.kv_lens_ptr = static_cast<const int32_t*>(a.kv_lens->data_ptr());
+  if (paged) {
+    p.page_table_ptr = static_cast<const int32_t*>(a.page_table->data_ptr());
+    p.page_table_batch_stride = stride_of(*a.page_table, 0);
+    p.num_pages = int32_t(num_pages);
+    p.page_size_log2 = log2_exact(page_size);
+  }
+  if (a.mask) {
+    const Tensor& m = *a.mask;
+    p.mask_ptr = static_cast<const uint8_t*>(m.data_ptr());
+    p.mask_batch_stride = stride_of(m, 0);
+    p.mask_len = int32_t(m.size(m.dim() - 1));
+    // mask_q_stride == 0 means a [B, M] key mask for every row (no row limit); a 3-D mask of one row gets a
+    // non-zero stride that row 0 never multiplies, so that rows past it keep nothing.
+    p.mask_q_stride = m.dim() == 2 ? 0 : m.size(1) == 1 ? 1 : m.stride(1);
+    p.mask_q_len = m.dim() == 3 ? int32_t(m.size(1)) : INT32_MAX;
+  }
+  p.batch = int32_t(batch);
+  p.num_q_heads = int32_t(hq);
+  p.num_kv_heads = int32_t(hkv);
+  p.head_dim = int32_t(d);
+  p.q_len = int32_t(q_rows);
+  p.max_kv_len = int32_t(max_kv_len);
+  p.scale_log2 = float(a.scale * 1.4426950408889634);
+  p.is_causal = a.is_causal;
+  p.paged = paged;
+  return p;
+}
+
+Tensor prefill(const char* op, const char* kernel, const PrefillArgs& a) {
+  PrefillParams p = make_prefill_params(op, a);
+  const int32_t device = a.q.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  Tensor out = torch::stable::new_empty(a.q, a.q.sizes());  // shaped like q, contiguous
+  if (p.batch == 0 || p.q_len == 0) return out;
+  // No key can be kept (no keys, no pages, an empty mask): every row is zeros. An empty tensor may have a null
+  // data pointer, which would read as "no mask", so these never reach the kernel.
+  if (p.max_kv_len == 0 || a.k.numel() == 0 || (a.mask && a.mask->numel() == 0)) {
+    torch::stable::zero_(out);
+    return out;
+  }
+  const bool ragged_q = a.qo_indptr.has_value();
+  p.out_ptr = out.data_ptr();
+  p.out_batch_stride = ragged_q ? 0 : out.stride(0);
+  p.out_seq_stride = out.stride(ragged_q ? 0 : 1);
+  p.out_head_stride = out.stride(ragged_q ? 1 : 2);
+  // The tile plan depends on shapes only (never on qo_indptr's values): no host sync, one fixed workspace
+  // allocation under graph capture.
+  const PrefillPlan plan = attn_prefill_plan(p);
+  p.num_q_tiles = plan.num_q_tiles;
+  std::optional<Tensor> workspace;
+  if (plan.workspace_bytes > 0) {
+    const int64_t words = std::max<int64_t>((plan.workspace_bytes + 3) / 4, 2 * int64_t(plan.num_q_tiles));
+    workspace = torch::stable::new_empty(a.q, {words}, ScalarType::Int);
+    int32_t* base = static_cast<int32_t*>(workspace->data_ptr());
+    p.q_tile_to_batch = base;                    // [num_q_tiles]
+    p.q_tile_to_index = base + plan.num_q_tiles;  // [num_q_tiles]
+  }
+  const cudaStream_t stream = binding::current_cuda_stream(op, device);
+  binding::check_cuda_status(attn_prefill_bf16_launch(p, stream), op, config_str(kernel, p, device));
+  return out;
+}
+
+const std::optional<Tensor> kNone;
+
+Tensor attn_prefill_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& kv_lens,
+                         const std::optional<Tensor>& mask, bool is_causal, double scale) {
+  return prefill(kOpPrefill, "attn_prefill_bf16",
+                 PrefillArgs{q, k, v, kNone, kNone, kNone, kv_lens, mask, is_causal, scale});
+}
+
+Tensor attn_prefill_ragged_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qo_indptr,
+                                const Tensor& kv_indptr, const std::optional<Tensor>& mask, bool is_causal,
+                                double scale) {
+  const std::optional<Tensor> qo(qo_indptr), kv(kv_indptr);
+  return prefill(kOpPrefillRagged, "attn_prefill_ragged_bf16",
+                 PrefillArgs{q, k, v, qo, kv, kNone, kNone, mask, is_causal, scale});
+}
+
+Tensor attn_paged_prefill_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const std::optional<Tensor>& qo_indptr, const Tensor& page_table,
+                               const Tensor& kv_lens, const std::optional<Tensor>& mask, bool is_causal,
+                               double scale) {
+  const std::optional<Tensor> table(page_table), lens(kv_lens);
+  return prefill(kOpPagedPrefill, "attn_paged_prefill_bf16",
+                 PrefillArgs{q, k_cache, v_cache, qo_indptr, kNone, table, lens, mask, is_causal, scale});
+}
+
+Tensor attn_prefill_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& kv_lens,
+                        const std::optional<Tensor>& mask, bool is_causal, double scale) {
+  make_prefill_params(kOpPrefill, PrefillArgs{q, k, v, kNone, kNone, kNone, kv_lens, mask, is_causal, scale});
+  fail(kOpPrefill, "q must be a CUDA tensor, got ", binding::device_name(q));
+}
+
+Tensor attn_prefill_ragged_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qo_indptr,
+                               const Tensor& kv_indptr, const std::optional<Tensor>& mask, bool is_causal,
+                               double scale) {
+  const std::optional<Tensor> qo(qo_indptr), kv(kv_indptr);
+  make_prefill_params(kOpPrefillRagged, PrefillArgs{q, k, v, qo, kv, kNone, kNone, mask, is_causal, scale});
+  fail(kOpPrefillRagged, "q must be a CUDA tensor, got ", binding::device_name(q));
+}
+
+Tensor attn_paged_prefill_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const std::optional<Tensor>& qo_indptr, const Tensor& page_table, const Tensor& kv_lens,
+                              const std::optional<Tensor>& mask, bool is_causal, double scale) {
+  const std::optional<Tensor> table(page_table), lens(kv_lens);
+  make_prefill_params(kOpPagedPrefill,
+                      PrefillArgs{q, k_cache, v_cache, qo_indptr, kNone, table, lens, mask, is_causal, scale});
+  fail(kOpPagedPrefill, "q must be a CUDA tensor, got ", binding::device_name(q));
 }
 
 // ---- paged_kv_append ------------------------------------------------------------------------------
@@ -354,16 +635,28 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
         "Tensor? mask, float scale, int kv_split_size) -> Tensor");
   m.def("paged_kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor page_table, "
         "Tensor seq_ids, Tensor positions) -> ()");
+  m.def("attn_prefill(Tensor q, Tensor k, Tensor v, Tensor? kv_lens, Tensor? mask, bool is_causal, float scale) "
+        "-> Tensor");
+  m.def("attn_prefill_ragged(Tensor q, Tensor k, Tensor v, Tensor qo_indptr, Tensor kv_indptr, Tensor? mask, "
+        "bool is_causal, float scale) -> Tensor");
+  m.def("attn_paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? qo_indptr, Tensor page_table, "
+        "Tensor kv_lens, Tensor? mask, bool is_causal, float scale) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
   m.impl("attn_decode", TORCH_BOX(&astrai::attn_decode_cuda));
   m.impl("attn_paged_decode", TORCH_BOX(&astrai::attn_paged_decode_cuda));
   m.impl("paged_kv_append", TORCH_BOX(&astrai::paged_kv_append_cuda));
+  m.impl("attn_prefill", TORCH_BOX(&astrai::attn_prefill_cuda));
+  m.impl("attn_prefill_ragged", TORCH_BOX(&astrai::attn_prefill_ragged_cuda));
+  m.impl("attn_paged_prefill", TORCH_BOX(&astrai::attn_paged_prefill_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
   m.impl("attn_decode", TORCH_BOX(&astrai::attn_decode_cpu));
   m.impl("attn_paged_decode", TORCH_BOX(&astrai::attn_paged_decode_cpu));
   m.impl("paged_kv_append", TORCH_BOX(&astrai::paged_kv_append_cpu));
+  m.impl("attn_prefill", TORCH_BOX(&astrai::attn_prefill_cpu));
+  m.impl("attn_prefill_ragged", TORCH_BOX(&astrai::attn_prefill_ragged_cpu));
+  m.impl("attn_paged_prefill", TORCH_BOX(&astrai::attn_paged_prefill_cpu));
 }

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/decode_dispatch.h"  // ASTRAI_DECODE_FUSED_MERGE
 #include "tests/test_utils.cuh"
 
 #ifndef ASTRAI_ATTN_TEST_PAGED
@@ -37,17 +38,18 @@ struct Case {
   int64_t split = 0;       // kv_split_size; 0: automatic
   bool bad_pages = false;  // paged: some table entries out of range (their keys are dropped)
   bool padded = false;     // strided q/K/V (gaps between heads/tokens, multiples of 8 elements)
+  bool graph = false;      // also capture the launch in a CUDA graph and replay it: same bits, counters left zero
 
   std::string name() const {
     char buf[200];
     std::string l;
     for (size_t i = 0; i < lens.size() && i < 4; ++i) l += (i ? "," : "") + std::to_string(lens[i]);
     if (lens.size() > 4) l += ",...";
-    std::snprintf(buf, sizeof buf, "%s B=%d H=%d/%d D=%d L=%d lens=[%s]%s%s%s%s%s",
+    std::snprintf(buf, sizeof buf, "%s B=%d H=%d/%d D=%d L=%d lens=[%s]%s%s%s%s%s%s",
                   kPaged ? "paged" : "contig", B, Hq, Hkv, D, L, l.c_str(),
                   kPaged ? (" ps=" + std::to_string(page_size)).c_str() : "", mask ? " mask" : "",
                   split ? (" split=" + std::to_string(split)).c_str() : "", bad_pages ? " bad-pages" : "",
-                  padded ? " padded" : "");
+                  padded ? " padded" : "", graph ? " graph" : "");
     return buf;
   }
 };
@@ -176,10 +178,22 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
   DeviceBuffer<float> po(static_cast<size_t>(plan.num_splits) * B * Hq * D), plse(static_cast<size_t>(plan.num_splits) * B * Hq);
+  // Split arrival counters, poisoned: the launcher must zero them, the fused merge must leave them zero.
+  DeviceBuffer<int32_t> counters_d(static_cast<size_t>(B) * Hq);
+  TEST_CUDA_CHECK(cudaMemset(counters_d.get(), 0xff, counters_d.size() * 4));
   if (plan.num_splits > 1) {
     p.partial_o_ptr = po.get();
     p.partial_lse_ptr = plse.get();
+    p.split_counters_ptr = counters_d.get();
   }
+  const size_t used_counters = plan.num_splits > 1 ? size_t(B) * Hkv * ((G + 7) / 8) : 0;  // (b, kv head, 8 q heads)
+  auto counters_zero = [&] {
+    std::vector<int32_t> ctr;
+    counters_d.download(ctr);
+    for (size_t i = 0; i < used_counters; ++i)
+      if (ctr[i] != 0) return false;
+    return true;
+  };
   const cudaError_t st = astrai::attn_decode_bf16_launch(p, nullptr);
   if (st != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(st));
@@ -189,6 +203,32 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> out;
   out_d.download(out);
+  if (ASTRAI_DECODE_FUSED_MERGE && !counters_zero()) s.fail("split counters not left zero");
+  if (c.graph) {
+    // Captured once, replayed twice over a poisoned output: the memset and the merge replay as recorded.
+    cudaStream_t stream;
+    TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    TEST_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t cst = astrai::attn_decode_bf16_launch(p, stream);
+    TEST_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    if (cst != cudaSuccess) s.fail(std::string("captured launch returned ") + cudaGetErrorName(cst));
+    TEST_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 2 && cst == cudaSuccess; ++r) {
+      TEST_CUDA_CHECK(cudaMemsetAsync(out_d.get(), 0xff, out_d.size() * 2, stream));
+      TEST_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      TEST_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> replay;
+      out_d.download(replay);
+      if (replay != out) s.fail("graph replay " + std::to_string(r) + " differs from the eager launch");
+      if (ASTRAI_DECODE_FUSED_MERGE && !counters_zero())
+        s.fail("split counters not left zero after graph replay " + std::to_string(r));
+    }
+    TEST_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    TEST_CUDA_CHECK(cudaGraphDestroy(graph));
+    TEST_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
   char what[256];
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h)
@@ -337,8 +377,33 @@ std::vector<Case> make_cases(bool small, Rng& rng) {
     c.split = 64;
     cases.push_back(c);
   }
-  // Batch 1, long sequence: the auto planner splits.
-  if (!small) cases.push_back(Case{1, 32, 8, 128, 8192, {8191}, ps_default});
+  // Batch 1, long sequence: the auto planner splits (fused merge), also replayed from a CUDA graph.
+  if (!small) {
+    Case c{1, 32, 8, 128, 8192, {8191}, ps_default};
+    c.graph = true;
+    cases.push_back(c);
+  }
+  // Batch 1, 256 splits: the fused merge over many arrivals (a different last block each run), graph replay.
+  {
+    Case c{1, 32, 8, 128, 16384, {16384}, ps_default};
+    c.split = 64;
+    c.graph = true;
+    cases.push_back(c);
+  }
+  // Eight q heads per block (the largest merge) with splits.
+  if (!small) {
+    Case c{2, 64, 8, 256, 4096, {4096, 3000}, ps_default};
+    c.split = 64;
+    cases.push_back(c);
+  }
+  // More splits than combine threads (the combine's lse pass loops), D 64 and 128.
+  if (!small) {
+    for (int D : {64, 128}) {
+      Case c{2, 8, 2, D, 20480, {20480, 20000}, ps_default};
+      c.split = 64;  // 320 splits
+      cases.push_back(c);
+    }
+  }
   // Strided views.
   {
     Case c{2, 8, 4, 64, 96, {96, 50}, ps_default};
@@ -388,6 +453,8 @@ bool check_rejections() {
   p.num_q_heads = 4;
   p.num_splits = 2;  // workspace missing
   ok = ok && astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  p.partial_o_ptr = p.partial_lse_ptr = static_cast<float*>(dummy);  // workspace but no split counters
+  if (ASTRAI_DECODE_FUSED_MERGE) ok = ok && astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launcher rejects inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");

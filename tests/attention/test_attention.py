@@ -1,6 +1,8 @@
 """Tier 0 (CPU): the torch attention backend against a float64 reference (ragged, paged, masks, causal
-offsets, every GQA ratio), the PagedKVCache on CPU, the selection policy, and the real image's attention ops
-without a GPU: schemas, validation messages, fake (meta) implementations.
+offsets, every GQA ratio, prefill over the cache), the PagedKVCache on CPU, the selection policy (the CUDA
+backend's routing of decode and prefill, checked with stand-in ops), and the real image's attention ops
+without a GPU: schemas, validation messages (decode, prefill dense / ragged / paged), fake (meta)
+implementations, the indptr range check of the prefill wrappers.
 
 Tests marked `requires_cuda_kernels("attention")` need the image (`nox -s build`); without it they skip.
 """
@@ -28,6 +30,12 @@ CONTRACT_SCHEMAS = {
                          "Tensor kv_lens, Tensor? mask, float scale, int kv_split_size) -> Tensor",
     "paged_kv_append": "paged_kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, "
                        "Tensor page_table, Tensor seq_ids, Tensor positions) -> ()",
+    "attn_prefill": "attn_prefill(Tensor q, Tensor k, Tensor v, Tensor? kv_lens, Tensor? mask, bool is_causal, "
+                    "float scale) -> Tensor",
+    "attn_prefill_ragged": "attn_prefill_ragged(Tensor q, Tensor k, Tensor v, Tensor qo_indptr, Tensor kv_indptr, "
+                           "Tensor? mask, bool is_causal, float scale) -> Tensor",
+    "attn_paged_prefill": "attn_paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? qo_indptr, "
+                          "Tensor page_table, Tensor kv_lens, Tensor? mask, bool is_causal, float scale) -> Tensor",
 }
 GQA = [(4, 4), (8, 4), (8, 2), (8, 1), (16, 2), (12, 1)]  # ratios 1, 2, 4, 8, 8, MQA 12
 
@@ -115,6 +123,141 @@ def test_torch_backend_gradients_match_reference():
     (ref.attention(q64, k64, v64, is_causal=True) * grad.double()).sum().backward()
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+@pytest.mark.parametrize("mask_rank", [0, 2, 3])
+def test_torch_backend_prefill_over_cache_is_causal_per_sequence_end(page_size, mask_rank):
+    """The semantics the CUDA backend must match: dense q [B, Lq] over a ragged cache, row i of a sequence with
+    n keys at position n - Lq + i (rows before the first key get zeros)."""
+    hkv, d, hq = 2, 16, 8
+    cache = PagedKVCache(1, hkv, d, num_pages=600 // page_size + 8, page_size=page_size, max_batch_size=3,
+                         max_pages_per_seq=max(1, 300 // page_size + 2), dtype=torch.float32)
+    cache.reset(2)
+    prompt = [70, 10]
+    ks, vs = [rand(n, hkv, d) for n in prompt], [rand(n, hkv, d) for n in prompt]
+    cache.extend(prompt)
+    cache.append(0, torch.cat(ks), torch.cat(vs))
+    q = rand(2, 70, hq, d)
+    length = cache.capacity
+    mask = None
+    if mask_rank == 2:
+        mask = torch.rand(2, 75) > 0.3
+    elif mask_rank == 3:
+        mask = torch.rand(2, 70, 64) > 0.3
+    out = attention(q, kv_cache=cache, layer_id=0, fwd="prefill", is_causal=True, attn_mask=mask)
+    k_full, v_full = torch.zeros(2, length, hkv, d), torch.zeros(2, length, hkv, d)
+    for b, n in enumerate(prompt):
+        k_full[b, :n], v_full[b, :n] = ks[b], vs[b]
+    lens = torch.tensor(prompt, dtype=torch.int32)
+    close64(out, ref.attention(q, k_full, v_full, kv_lens=lens, attn_mask=mask, is_causal=True))
+    assert torch.equal(out[1, :60], torch.zeros_like(out[1, :60]))  # 10 keys: rows 0..59 precede them
+
+
+def _packed_truth(q, ks, vs, q_lens, *, mask=None, is_causal=False, scale=None):
+    """float64 truth of packed q [Tq, Hq, D] over per-sequence keys ks[b] [n_b, Hkv, D], sequence by sequence."""
+    out, start = [], 0
+    for b, m in enumerate(q_lens):
+        n = ks[b].shape[0]
+        keep = torch.ones(m, n, dtype=torch.bool)
+        if mask is not None:
+            cut = torch.zeros(m, n, dtype=torch.bool)
+            keys = min(n, mask.shape[-1])
+            rows = m if mask.dim() == 2 else min(m, mask.shape[1])
+            cut[:rows, :keys] = mask[b, None, :keys] if mask.dim() == 2 else mask[b, :rows, :keys]
+            keep &= cut
+        if is_causal:
+            keep &= torch.arange(n)[None, :] <= n - m + torch.arange(m)[:, None]
+        if n == 0:
+            out.append(torch.zeros(m, *q.shape[1:], dtype=torch.float64))
+        else:
+            out.append(ref.attention(q[start:start + m][None], ks[b][None], vs[b][None], attn_mask=keep[None],
+                                     scale=scale)[0])
+        start += m
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("heads", GQA, ids=[f"{a}-{b}" for a, b in GQA])
+@pytest.mark.parametrize("mask_rank", [0, 2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_backend_packed_contiguous(heads, mask_rank, causal):
+    hq, hkv = heads
+    q_lens, kv_lens = [7, 0, 3, 12], [9, 4, 0, 12]
+    q = rand(sum(q_lens), hq, 16)
+    k, v = rand(sum(kv_lens), hkv, 16), rand(sum(kv_lens), hkv, 16)
+    qo = torch.tensor([0, 7, 7, 10, 22], dtype=torch.int32)
+    kv = torch.tensor([0, 9, 13, 13, 25], dtype=torch.int32)
+    ks, vs = list(k.split(kv_lens)), list(v.split(kv_lens))
+    mask = None if mask_rank == 0 else torch.rand(4, 10) > 0.3 if mask_rank == 2 else torch.rand(4, 8, 10) > 0.3
+    out = attention(q, k, v, qo_indptr=qo, kv_indptr=kv, attn_mask=mask, is_causal=causal, scale=0.4)
+    assert out.shape == q.shape
+    close64(out, _packed_truth(q, ks, vs, q_lens, mask=mask, is_causal=causal, scale=0.4))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_torch_backend_packed_over_cache(page_size):
+    hkv, d = 2, 16
+    cache = PagedKVCache(1, hkv, d, num_pages=300 // page_size + 8, page_size=page_size, max_batch_size=3,
+                         max_pages_per_seq=max(1, 200 // page_size + 2), dtype=torch.float32)
+    cache.reset(3)
+    prompt = [70, 10, 130]
+    ks, vs = [rand(n, hkv, d) for n in prompt], [rand(n, hkv, d) for n in prompt]
+    cache.extend(prompt)
+    cache.append(0, torch.cat(ks), torch.cat(vs))
+    q_lens = [70, 10, 130]  # the prompts' own rows
+    q = rand(sum(q_lens), 8, d)
+    qo = torch.tensor([0, 70, 80, 210], dtype=torch.int32)
+    mask = torch.rand(3, 100, 120) > 0.2  # rows past 100 and keys past 120 keep nothing
+    out = attention(q, kv_cache=cache, layer_id=0, qo_indptr=qo, attn_mask=mask, is_causal=True)
+    close64(out, _packed_truth(q, ks, vs, q_lens, mask=mask, is_causal=True))
+    chunk = [5, 0, 2]  # a later chunk: rows over prior context
+    q2 = rand(7, 8, d)
+    out = attention(q2, kv_cache=cache, layer_id=0, qo_indptr=torch.tensor([0, 5, 5, 7], dtype=torch.int32),
+                    is_causal=True)
+    close64(out, _packed_truth(q2, ks, vs, chunk, is_causal=True))
+
+
+PACKED_BAD = {
+    "q rank": (dict(q=rand(2, 5, 8, 16)), r"q must be packed \[Tq, Hq, D\]"),
+    "decode": (dict(fwd="decode"), "are a prefill"),
+    "kv_indptr alone": (dict(qo_indptr=None), "kv_indptr needs qo_indptr"),
+    "kv_indptr missing": (dict(kv_indptr=None), "packed q needs kv_cache"),
+    "qo dtype": (dict(qo_indptr=torch.tensor([0, 5, 10])), r"qo_indptr must be int32 \[B \+ 1\] = \[3\]"),
+    "kv size": (dict(kv_indptr=torch.tensor([0, 9], dtype=torch.int32)), r"kv_indptr must be int32 \[B \+ 1\]"),
+    "k rank": (dict(k=rand(2, 9, 2, 16), v=rand(2, 9, 2, 16)), r"k and v must be packed \[Tkv, Hkv, D\]"),
+    "kv_lens": (dict(kv_lens=torch.tensor([1, 2], dtype=torch.int32)), "do not pass kv_lens"),
+    "mask batch": (dict(attn_mask=torch.ones(3, 9, dtype=torch.bool)), r"attn_mask must be \[B, M\]"),
+    "heads": (dict(q=rand(10, 6, 16)), r"multiple of kv heads \(4\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(PACKED_BAD))
+def test_packed_api_rejects_bad_calls(case):
+    args = dict(q=rand(10, 8, 16), k=rand(18, 4, 16), v=rand(18, 4, 16),
+                qo_indptr=torch.tensor([0, 5, 10], dtype=torch.int32),
+                kv_indptr=torch.tensor([0, 9, 18], dtype=torch.int32))
+    change, message = PACKED_BAD[case]
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_packed_training_call_gets_gradients_from_torch():
+    q = rand(10, 4, 8).requires_grad_()
+    k, v = rand(12, 2, 8).requires_grad_(), rand(12, 2, 8).requires_grad_()
+    qo, kv = torch.tensor([0, 4, 10], dtype=torch.int32), torch.tensor([0, 6, 12], dtype=torch.int32)
+    call = backend._canonical(q, k, v, None, None, None, True, None, None, None, qo, kv)
+    assert backend.select_backend(call).name == "torch"
+    assert "packed sequences" in backend.BACKENDS["flash"].blocker(call) or \
+        "CUDA" in backend.BACKENDS["flash"].blocker(call)
+    out = attention(q, k, v, qo_indptr=qo, kv_indptr=kv, is_causal=True)
+    grad = torch.randn_like(out)
+    (out * grad).sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = _packed_truth(q64, list(k64.split([6, 6])), list(v64.split([6, 6])), [4, 6], is_causal=True)
+    (want * grad.double()).sum().backward()
+    for got, ref_grad in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(got.double(), ref_grad, rtol=1e-5, atol=1e-5)
 
 
 # --- PagedKVCache on CPU ---------------------------------------------------------------------------------------
@@ -236,7 +379,8 @@ def test_auto_on_cpu_picks_torch_and_names_blockers():
     call = _call()
     assert backend.select_backend(call).name == "torch"
     assert "CUDA tensors" in backend.BACKENDS["cuda"].blocker(call)
-    assert "prefill kernels are not built yet" in backend.BACKENDS["cuda"].blocker(_call(4))
+    assert backend.select_backend(_call(4)).name == "torch"
+    assert "CUDA tensors" in backend.BACKENDS["cuda"].blocker(_call(4))
 
 
 def test_explicit_selection_is_strict():
@@ -258,8 +402,9 @@ def test_explicit_selection_is_strict():
     assert ext.set_op is set_op
 
 
-def test_auto_priority_cuda_then_flash_then_torch(monkeypatch):
-    call = _call()
+@pytest.mark.parametrize("q_len", [1, 4], ids=["decode", "prefill"])
+def test_auto_priority_cuda_then_flash_then_torch(monkeypatch, q_len):
+    call = _call(q_len)
     monkeypatch.setattr(backend.CudaBackend, "blocker", lambda self, c, check_available=True: None)
     assert backend.select_backend(call).name == "cuda"
     monkeypatch.setattr(backend.FlashAttnBackend, "blocker", lambda self, c: None)
@@ -268,14 +413,70 @@ def test_auto_priority_cuda_then_flash_then_torch(monkeypatch):
     assert backend.select_backend(call).name == "flash"
     # training calls (grad, no cache) never consider the kernels
     monkeypatch.setattr(backend.CudaBackend, "blocker", lambda self, c, check_available=True: None)
-    assert backend.select_backend(_call(grad=True)).name == "flash"
+    assert backend.select_backend(_call(q_len, grad=True)).name == "flash"
     monkeypatch.setattr(backend.FlashAttnBackend, "blocker", lambda self, c: "no")
-    assert backend.select_backend(_call(grad=True)).name == "torch"
+    assert backend.select_backend(_call(q_len, grad=True)).name == "torch"
 
 
-def test_cuda_backend_prefill_raises_not_implemented():
-    with pytest.raises(NotImplementedError, match="prefill kernels are not built yet"):
-        backend.BACKENDS["cuda"].forward(_call(4))
+class _Recorder:
+    """Stands in for the ops module's kernels: records each call and returns q-shaped zeros."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        for name in ("attn_decode", "attn_paged_decode", "attn_prefill", "attn_prefill_ragged", "attn_paged_prefill"):
+            monkeypatch.setattr(backend.ops, name, self._make(name))
+
+    def _make(self, name):
+        def op(q, *args, **kwargs):
+            self.calls.append((name, q, args, kwargs))
+            return torch.zeros_like(q)
+        return op
+
+
+def test_cuda_backend_routes_prefill_to_the_prefill_ops(monkeypatch):
+    rec = _Recorder(monkeypatch)
+    cuda = backend.BACKENDS["cuda"]
+    q, k, v = rand(2, 5, 8, 64), rand(2, 9, 2, 64), rand(2, 9, 2, 64)
+    lens = torch.tensor([9, 3], dtype=torch.int32)
+    mask = (torch.rand(2, 1, 9) > 0.5).expand(2, 5, 9)  # stride 0 along the rows: passed on as it is
+    cuda.forward(backend._canonical(q, k, v, None, None, "prefill", True, mask, 0.25, lens))
+    name, got_q, args, kwargs = rec.calls[-1]
+    assert name == "attn_prefill" and got_q is q and args == (k, v, lens)
+    assert kwargs["is_causal"] is True and kwargs["scale"] == 0.25 and kwargs["mask"] is mask
+
+    key_mask = torch.rand(2, 9) > 0.5
+    cuda.forward(backend._canonical(q, k, v, None, None, "prefill", False, key_mask, None, None))
+    assert rec.calls[-1][3]["mask"] is key_mask and rec.calls[-1][3]["is_causal"] is False
+    broadcast = torch.ones(2, 1, dtype=torch.bool).expand(2, 9)  # last stride 0: copied for the kernel
+    cuda.forward(backend._canonical(q, k, v, None, None, "prefill", False, broadcast, None, None))
+    assert rec.calls[-1][3]["mask"].stride(-1) == 1 and torch.equal(rec.calls[-1][3]["mask"], broadcast)
+
+    cache = PagedKVCache(2, 2, 64, num_pages=8, page_size=4, max_batch_size=3, max_pages_per_seq=4,
+                         dtype=torch.float32)
+    cache.reset(2)
+    cache.extend([5, 2])
+    out = cuda.forward(backend._canonical(q, None, None, cache, 1, None, True, None, None, None))
+    name, got_q, args, kwargs = rec.calls[-1]
+    assert name == "attn_paged_prefill" and out.shape == q.shape
+    k_cache, v_cache, table, kv_lens = args
+    assert k_cache.data_ptr() == cache.k[1].data_ptr() and v_cache.data_ptr() == cache.v[1].data_ptr()
+    assert torch.equal(table, cache.page_table[:2]) and torch.equal(kv_lens, torch.tensor([5, 2], dtype=torch.int32))
+    assert kwargs["is_causal"] is True and kwargs["scale"] == pytest.approx(1 / 8)
+
+    cuda.forward(backend._canonical(q[:, :1], k, v, None, None, None, False, None, None, lens))
+    assert rec.calls[-1][0] == "attn_decode" and rec.calls[-1][1].shape == (2, 8, 64)
+
+    packed, qo = rand(7, 8, 64), torch.tensor([0, 5, 7], dtype=torch.int32)
+    kv = torch.tensor([0, 9, 18], dtype=torch.int32)
+    expanded = (torch.rand(2, 1, 9) > 0.5).expand(2, 4, 9)  # row stride 0 over packed rows: copied
+    cuda.forward(backend._canonical(packed, k.flatten(0, 1), v.flatten(0, 1), None, None, None, True, expanded,
+                                    None, None, qo, kv))
+    name, got_q, args, kwargs = rec.calls[-1]
+    assert name == "attn_prefill_ragged" and got_q is packed and args[2] is qo and args[3] is kv
+    assert kwargs["mask"].stride(1) != 0 and torch.equal(kwargs["mask"], expanded)
+    cuda.forward(backend._canonical(packed, None, None, cache, 0, "prefill", True, None, None, None, qo))
+    name, got_q, args, kwargs = rec.calls[-1]
+    assert name == "attn_paged_prefill" and kwargs["qo_indptr"] is qo and got_q is packed
 
 
 def test_astr_backend_env_is_a_deprecated_seed(monkeypatch):
@@ -425,6 +626,213 @@ def test_append_on_cpu_raises_must_be_cuda():
         torch.ops.astrai.paged_kv_append(*_valid_append().values())
 
 
+# --- prefill ops: validation ------------------------------------------------------------------------------------
+# Shared with tests/gpu/attention/test_prefill_gpu.py, which runs the same table on CUDA tensors.
+
+PREFILL_OPS = {"dense": "attn_prefill", "ragged": "attn_prefill_ragged", "paged": "attn_paged_prefill",
+               "paged_ragged": "attn_paged_prefill"}
+
+
+def valid_prefill(kind: str, device="cpu") -> dict:
+    """Arguments one prefill op accepts: B = 3, Hq = 8, Hkv = 2, D = 128."""
+    def bf16(*shape):
+        return torch.randn(*shape, device=device).to(torch.bfloat16)
+
+    def i32(values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    if kind == "dense":
+        k = bf16(3, 40, 2, 128)
+        return dict(q=bf16(3, 5, 8, 128), k=k, v=k.clone(), kv_lens=i32([5, 40, 1]), mask=None)
+    if kind == "ragged":
+        k = bf16(50, 2, 128)
+        return dict(q=bf16(20, 8, 128), k=k, v=k.clone(), qo_indptr=i32([0, 5, 12, 20]),
+                    kv_indptr=i32([0, 10, 30, 50]), mask=None)
+    k = bf16(10, 16, 2, 128)
+    args = dict(q=bf16(3, 5, 8, 128), k=k, v=k.clone(), qo_indptr=None,
+                page_table=torch.zeros(3, 4, dtype=torch.int32, device=device), kv_lens=i32([5, 64, 1]), mask=None)
+    if kind == "paged_ragged":
+        args.update(q=bf16(20, 8, 128), qo_indptr=i32([0, 5, 12, 20]))
+    return args
+
+
+def call_prefill(kind: str, a: dict):
+    scale, causal = a.get("scale", 0.1), a.get("is_causal", True)
+    if kind == "dense":
+        return torch.ops.astrai.attn_prefill(a["q"], a["k"], a["v"], a["kv_lens"], a["mask"], causal, scale)
+    if kind == "ragged":
+        return torch.ops.astrai.attn_prefill_ragged(a["q"], a["k"], a["v"], a["qo_indptr"], a["kv_indptr"],
+                                                    a["mask"], causal, scale)
+    return torch.ops.astrai.attn_paged_prefill(a["q"], a["k"], a["v"], a["qo_indptr"], a["page_table"],
+                                               a["kv_lens"], a["mask"], causal, scale)
+
+
+def _like(a, name, *shape, dtype=None):
+    """A fresh tensor on the device of a[name] (masks, indptrs of a new shape)."""
+    dev = a["q"].device
+    if dtype is torch.bool:
+        return torch.ones(*shape, dtype=torch.bool, device=dev)
+    return torch.zeros(*shape, dtype=dtype or torch.int32, device=dev)
+
+
+def _bf16_like(a, *shape):
+    return torch.randn(*shape, device=a["q"].device).to(torch.bfloat16)
+
+
+# (kind, argument the message must name, what, change, message fragment)
+PREFILL_BAD = [
+    ("dense", "q", "dtype", lambda a: a.update(q=a["q"].float()), "must be bfloat16"),
+    ("dense", "k", "dtype", lambda a: a.update(k=a["k"].half()), "must be bfloat16"),
+    ("dense", "v", "dtype", lambda a: a.update(v=a["v"].float()), "must be bfloat16"),
+    ("dense", "q", "rank", lambda a: a.update(q=a["q"][0]), "must be 4-D"),
+    ("dense", "k", "rank", lambda a: a.update(k=a["k"][0], v=a["v"][0]), "must be 4-D"),
+    ("dense", "head_dim", "unsupported",
+     lambda a: a.update(q=a["q"][..., :96], k=a["k"][..., :96], v=a["v"][..., :96]), "must be 64, 128 or 256"),
+    ("dense", "heads", "not a multiple", lambda a: a.update(q=a["q"][:, :, :7]), "must be a positive multiple"),
+    ("dense", "k", "head_dim", lambda a: a.update(k=a["k"][..., :64], v=a["v"][..., :64]), "must equal head_dim"),
+    ("dense", "v", "shape", lambda a: a.update(v=a["v"][:, :30]), "must have the shape of k"),
+    ("dense", "k", "batch", lambda a: a.update(k=a["k"][:2], v=a["v"][:2]), "must equal the batch"),
+    ("dense", "kv_lens", "dtype", lambda a: a.update(kv_lens=a["kv_lens"].long()), "must be int32"),
+    ("dense", "kv_lens", "size", lambda a: a.update(kv_lens=a["kv_lens"][:2]), "must have 3 elements"),
+    ("dense", "kv_lens", "strided", lambda a: a.update(kv_lens=_like(a, "kv_lens", 6)[::2]), "must be contiguous"),
+    ("dense", "mask", "dtype", lambda a: a.update(mask=_like(a, "mask", 3, 40, dtype=torch.float32)),
+     "must be bool"),
+    ("dense", "mask", "rank", lambda a: a.update(mask=_like(a, "mask", 3, 5, 40, 1, dtype=torch.bool)),
+     "must be 2-D"),
+    ("dense", "mask", "keys", lambda a: a.update(mask=_like(a, "mask", 3, 39, dtype=torch.bool)),
+     "must equal the keys per sequence"),
+    ("dense", "mask", "rows", lambda a: a.update(mask=_like(a, "mask", 3, 4, 40, dtype=torch.bool)),
+     "must equal the query rows"),
+    ("dense", "mask", "batch", lambda a: a.update(mask=_like(a, "mask", 2, 40, dtype=torch.bool)),
+     "must equal the batch"),
+    ("dense", "mask", "last stride", lambda a: a.update(mask=_like(a, "mask", 3, 40, 2, dtype=torch.bool)[..., 0]),
+     "stride 1 in its last dimension"),
+    ("dense", "scale", "nan", lambda a: a.update(scale=float("nan")), "must be finite and non-zero"),
+    ("dense", "scale", "zero", lambda a: a.update(scale=0.0), "must be finite and non-zero"),
+    ("dense", "scale", "inf", lambda a: a.update(scale=float("inf")), "must be finite and non-zero"),
+    ("dense", "q", "layout", lambda a: a.update(q=_bf16_like(a, 3, 5, 8, 129)[..., 1:]), "must be 16-byte aligned"),
+    ("dense", "k", "layout",
+     lambda a: a.update(k=_bf16_like(a, 3, 40, 2, 129)[..., 1:], v=_bf16_like(a, 3, 40, 2, 129)[..., 1:]),
+     "must be 16-byte aligned"),
+    ("dense", "q", "last stride", lambda a: a.update(q=_bf16_like(a, 3, 5, 8, 128, 2)[..., 0]),
+     "stride 1 in its last dimension"),
+    ("ragged", "q", "rank", lambda a: a.update(q=a["q"][None]), "must be 3-D"),
+    ("ragged", "k", "rank", lambda a: a.update(k=a["k"][None], v=a["v"][None]), "must be 3-D"),
+    ("ragged", "heads", "not a multiple", lambda a: a.update(q=a["q"][:, :5]), "must be a positive multiple"),
+    ("ragged", "qo_indptr", "dtype", lambda a: a.update(qo_indptr=a["qo_indptr"].long()), "must be int32"),
+    ("ragged", "qo_indptr", "rank", lambda a: a.update(qo_indptr=a["qo_indptr"][None]), "must be 1-D"),
+    ("ragged", "qo_indptr", "empty", lambda a: a.update(qo_indptr=a["qo_indptr"][:0]), "B + 1 >= 1 elements"),
+    ("ragged", "qo_indptr", "strided", lambda a: a.update(qo_indptr=_like(a, "qo_indptr", 8)[::2]),
+     "must be contiguous"),
+    ("ragged", "kv_indptr", "size", lambda a: a.update(kv_indptr=a["kv_indptr"][:3]), "must have 4 elements"),
+    ("ragged", "kv_indptr", "dtype", lambda a: a.update(kv_indptr=a["kv_indptr"].long()), "must be int32"),
+    ("ragged", "mask", "batch", lambda a: a.update(mask=_like(a, "mask", 2, 50, dtype=torch.bool)),
+     "must equal the batch"),
+    ("ragged", "mask", "rank", lambda a: a.update(mask=_like(a, "mask", 3, dtype=torch.bool)), "must be 2-D"),
+    ("ragged", "v", "shape", lambda a: a.update(v=a["v"][:49]), "must have the shape of k"),
+    ("paged", "page_size", "not a power of two", lambda a: a.update(k=a["k"][:, :12], v=a["v"][:, :12]),
+     "must be a power of two"),
+    ("paged", "page_size", "above 128", lambda a: a.update(k=_bf16_like(a, 2, 256, 2, 128),
+                                                           v=_bf16_like(a, 2, 256, 2, 128)),
+     "must be a power of two in [1, 128]"),
+    ("paged", "page_table", "dtype", lambda a: a.update(page_table=a["page_table"].long()), "must be int32"),
+    ("paged", "page_table", "batch", lambda a: a.update(page_table=a["page_table"][:2]), "must equal the batch"),
+    ("paged", "page_table", "rank", lambda a: a.update(page_table=a["page_table"][0]), "must be 2-D"),
+    ("paged", "page_table", "last stride", lambda a: a.update(page_table=_like(a, "page_table", 3, 8)[:, ::2]),
+     "stride 1 in its last dimension"),
+    ("paged", "kv_lens", "size", lambda a: a.update(kv_lens=a["kv_lens"][:1]), "must have 3 elements"),
+    ("paged", "kv_lens", "dtype", lambda a: a.update(kv_lens=a["kv_lens"].float()), "must be int32"),
+    ("paged", "v_cache", "shape", lambda a: a.update(v=a["v"][:9]), "must have the shape of k_cache"),
+    ("paged", "k_cache", "head_dim", lambda a: a.update(k=a["k"][..., :64], v=a["v"][..., :64]),
+     "must equal head_dim"),
+    ("paged", "k_cache", "rank", lambda a: a.update(k=a["k"][0], v=a["v"][0]), "must be 4-D"),
+    ("paged", "q", "rank (no qo_indptr)", lambda a: a.update(q=a["q"][0]), "must be 4-D"),
+    ("paged", "mask", "rows", lambda a: a.update(mask=_like(a, "mask", 3, 6, 64, dtype=torch.bool)),
+     "must equal the query rows"),
+    ("paged", "mask", "dtype", lambda a: a.update(mask=_like(a, "mask", 3, 64, dtype=torch.uint8)),
+     "must be bool"),
+    ("paged_ragged", "qo_indptr", "size", lambda a: a.update(qo_indptr=a["qo_indptr"][:3]), "must have 4 elements"),
+    ("paged_ragged", "qo_indptr", "dtype", lambda a: a.update(qo_indptr=a["qo_indptr"].long()), "must be int32"),
+    ("paged_ragged", "q", "rank (with qo_indptr)", lambda a: a.update(q=a["q"][None]), "must be 3-D"),
+    ("paged_ragged", "mask", "batch", lambda a: a.update(mask=_like(a, "mask", 4, 7, 64, dtype=torch.bool)),
+     "must equal the batch"),
+    ("paged_ragged", "mask", "expanded rows",
+     lambda a: a.update(mask=_like(a, "mask", 3, 1, 64, dtype=torch.bool).expand(3, 7, 64)), "stride 0 along its rows"),
+    ("ragged", "mask", "expanded rows",
+     lambda a: a.update(mask=_like(a, "mask", 3, 1, 50, dtype=torch.bool).expand(3, 4, 50)), "stride 0 along its rows"),
+]
+PREFILL_BAD_IDS = [f"{kind}-{arg}-{what}" for kind, arg, what, _, _ in PREFILL_BAD]
+
+
+def check_prefill_rejects(kind, argument, change, message, device="cpu"):
+    """Apply `change` to valid arguments: the op must raise naming itself, the argument and the rule, before
+    the device check (a CPU call) or before launch (a CUDA call)."""
+    args = valid_prefill(kind, device)
+    change(args)
+    with pytest.raises(RuntimeError) as info:
+        call_prefill(kind, args)
+    text = str(info.value)
+    assert re.search(rf"astrai\.{PREFILL_OPS[kind]}\b", text), f"op name not in: {text}"
+    assert argument in text and message in text, f"expected {argument!r} and {message!r} in: {text}"
+    assert "must be a CUDA tensor" not in text and "CUDA error" not in text, f"checked too late: {text}"
+
+
+@kernels
+@pytest.mark.parametrize("kind,argument,what,change,message", PREFILL_BAD, ids=PREFILL_BAD_IDS)
+def test_prefill_validation_names_op_and_argument(kind, argument, what, change, message):
+    ops.load()
+    check_prefill_rejects(kind, argument, change, message)
+
+
+@kernels
+@pytest.mark.parametrize("kind", list(PREFILL_OPS))
+def test_prefill_on_cpu_raises_must_be_cuda(kind):
+    """Valid arguments on the CPU pass every check and stop at the device (the masks included)."""
+    ops.load()
+    args = valid_prefill(kind)
+    keys = 40 if kind == "dense" else 64 if kind.startswith("paged") else 50
+    args["mask"] = torch.rand(3, 5 if kind in ("dense", "paged") else 9, keys) > 0.5
+    with pytest.raises(RuntimeError, match=rf"astrai\.{PREFILL_OPS[kind]}: q must be a CUDA tensor, got cpu"):
+        call_prefill(kind, args)
+    args["mask"] = args["mask"][:, 0]
+    with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
+        call_prefill(kind, args)
+
+
+@pytest.mark.parametrize("values,message", [
+    ([0, 5, 3, 20], r"qo_indptr\[2\] = 3 < qo_indptr\[1\] = 5"),
+    ([-1, 5, 12, 20], r"qo_indptr\[0\] = -1 < 0"),
+    ([0, 5, 12, 21], r"qo_indptr\[-1\] = 21 > q.size\(0\) = 20"),
+])
+def test_indptr_range_check(values, message):
+    """The wrappers' one-sync range check (no image needed: it runs before the op)."""
+    good = torch.tensor([0, 10, 30, 50], dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        ops.check_indptr_range("astrai.attn_prefill_ragged", [
+            ("kv_indptr", good, 50, "k.size(0)"), ("qo_indptr", torch.tensor(values, dtype=torch.int32), 20,
+                                                    "q.size(0)")])
+    ops.check_indptr_range("op", [("qo_indptr", good, 50, "q.size(0)")])  # a valid one passes
+    ops.check_indptr_range("op", [("qo_indptr", good.long() - 7, 1, "q.size(0)")])  # int64: left to the op
+    ops.check_indptr_range("op", [("qo_indptr", _meta(4, dtype=torch.int32), 1, "q.size(0)")])  # meta: no values
+
+
+@kernels
+def test_prefill_wrappers_check_indptr_then_the_op_runs():
+    ops.load()
+    a = valid_prefill("ragged")
+    bad = torch.tensor([0, 12, 5, 20], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"astrai\.attn_prefill_ragged: qo_indptr must start at >= 0, never "
+                                         r"decrease and end at most at q.size\(0\) = 20"):
+        ops.attn_prefill_ragged(a["q"], a["k"], a["v"], bad, a["kv_indptr"])
+    with pytest.raises(ValueError, match=r"kv_indptr\[-1\] = 51 > k.size\(0\) = 50"):
+        ops.attn_prefill_ragged(a["q"], a["k"], a["v"], a["qo_indptr"], a["kv_indptr"] + 1)
+    with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):  # unchecked: the op sees it
+        ops.attn_prefill_ragged(a["q"], a["k"], a["v"], bad, a["kv_indptr"], check_indptr=False)
+    p = valid_prefill("paged_ragged")
+    with pytest.raises(ValueError, match=r"astrai\.attn_paged_prefill: .*qo_indptr\[2\] = 5 < qo_indptr\[1\]"):
+        ops.attn_paged_prefill(p["q"], p["k"], p["v"], p["page_table"], p["kv_lens"], qo_indptr=bad)
+
+
 def _meta(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device="meta")
 
@@ -446,6 +854,41 @@ def test_fakes_on_meta():
 
 
 @kernels
+def test_prefill_fakes_on_meta():
+    ops.load()
+    i32 = torch.int32
+    q = _meta(4, 100, 32, 128)
+    k = _meta(4, 300, 8, 128)
+    out = ops.attn_prefill(q, k, k, _meta(4, dtype=i32), mask=_meta(4, 100, 300, dtype=torch.bool), is_causal=True)
+    assert out.shape == q.shape and out.is_meta and out.dtype == torch.bfloat16
+    packed = _meta(211, 32, 128)
+    out = ops.attn_prefill_ragged(packed, _meta(500, 8, 128), _meta(500, 8, 128), _meta(4, dtype=i32),
+                                  _meta(4, dtype=i32), is_causal=True)
+    assert out.shape == (211, 32, 128) and out.is_meta
+    cache = _meta(50, 16, 8, 128)
+    table, lens = _meta(3, 7, dtype=i32), _meta(3, dtype=i32)
+    assert ops.attn_paged_prefill(packed, cache, cache, table, lens, qo_indptr=_meta(4, dtype=i32)).shape == \
+        (211, 32, 128)
+    assert ops.attn_paged_prefill(q[:3], cache, cache, table, lens).shape == (3, 100, 32, 128)
+
+
+@kernels
+def test_prefill_compiles_with_fullgraph():
+    """torch.compile traces the prefill ops through their fakes (CPU inputs: the graph never runs a kernel)."""
+    ops.load()
+
+    def f(q, k, v, qo, kv):
+        return ops.attn_prefill_ragged(q, k, v, qo, kv, is_causal=True) * 2
+
+    args = (_meta(20, 8, 128), _meta(50, 2, 128), _meta(50, 2, 128), _meta(4, dtype=torch.int32),
+            _meta(4, dtype=torch.int32))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = torch.compile(f, fullgraph=True, backend="eager")(*args)
+    assert out.shape == (20, 8, 128)
+
+
+@kernels
 @pytest.mark.parametrize("name", list(CONTRACT_SCHEMAS))
 def test_opcheck_on_meta(name):
     """opcheck returns early on meta inputs; this proves the op and its fake accept these arguments."""
@@ -458,6 +901,13 @@ def test_opcheck_on_meta(name):
                               _meta(4, dtype=i32), _meta(4, 40, dtype=torch.bool), 0.1, 64),
         "paged_kv_append": (_meta(9, 16, 8, 128), _meta(9, 16, 8, 128), _meta(5, 8, 128), _meta(5, 8, 128),
                             _meta(4, 3, dtype=i32), _meta(5, dtype=i32), _meta(5, dtype=i32)),
+        "attn_prefill": (_meta(4, 33, 32, 128), _meta(4, 64, 8, 128), _meta(4, 64, 8, 128), _meta(4, dtype=i32),
+                         _meta(4, 33, 64, dtype=torch.bool), True, 0.1),
+        "attn_prefill_ragged": (_meta(70, 32, 64), _meta(90, 8, 64), _meta(90, 8, 64), _meta(4, dtype=i32),
+                                _meta(4, dtype=i32), None, False, 0.1),
+        "attn_paged_prefill": (_meta(70, 32, 256), _meta(9, 16, 8, 256), _meta(9, 16, 8, 256), _meta(4, dtype=i32),
+                               _meta(3, 3, dtype=i32), _meta(3, dtype=i32), _meta(3, 40, dtype=torch.bool), True,
+                               0.1),
     }[name]
     torch.library.opcheck(getattr(torch.ops.astrai, name).default, args, test_utils=("test_schema", "test_faketensor"))
 

@@ -18,10 +18,15 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
                                 "(granularity='row' alone would be row-invariant)"),
     "quantize_block": (False, "block_rows=128 shares one multiplier across 128 rows (block_rows=1 alone would "
                               "be row-invariant)"),
+    "amax_history_fold": (False, "folds one amax into one ring: there is no batch dimension to be invariant over"),
     "scale_layout": (True, "a relayout of scale factors: each row's values are moved, never combined"),
     "attn_decode": (False, "kv_split_size=0 (the default) picks the KV split from the batch's shapes and the SM "
                            "count; only a fixed kv_split_size makes a sequence independent of the batch"),
     "attn_paged_decode": (False, "as attn_decode: the default KV split depends on the whole batch"),
+    "attn_prefill": (True, "no KV split: each Q tile reads its own sequence's keys in a fixed order "
+                     "(tests/gpu/attention/test_prefill_gpu.py checks it bitwise)"),
+    "attn_prefill_ragged": (True, "as attn_prefill: the tile map only locates a tile, the arithmetic is per row"),
+    "attn_paged_prefill": (True, "as attn_prefill, over pages: the key order does not depend on the batch"),
     "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
 }
 

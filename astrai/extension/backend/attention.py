@@ -2,10 +2,11 @@
 
 Backends, in default priority order:
 
-- `CudaBackend` ("cuda"): this package's kernels. Decode only for now (`fwd="decode"`): bf16 CUDA q/K/V,
-  head_dim 64/128/256, Hq a multiple of Hkv, contiguous K/V or a `PagedKVCache`, optional 2-D keep mask,
-  no gradient. Prefill raises NotImplementedError (its kernels are not built yet), so automatic
-  selection falls through to the next backend.
+- `CudaBackend` ("cuda"): this package's kernels, decode (split-KV) and prefill (Q-tiled): bf16 CUDA q/K/V,
+  head_dim 64/128/256, Hq a multiple of Hkv, contiguous K/V (optional `kv_lens`) or a `PagedKVCache`, keep
+  masks `[B, L]` (prefill also `[B, Lq, L]`), causal aligned to the end, no gradient. `blocker()` names what
+  it cannot serve (grad, dtype, head_dim, layout, devices, an image without prefill), and automatic
+  selection then falls through to the next backend.
 - `FlashAttnBackend` ("flash"): `flash_attn.flash_attn_func` when the `flash_attn` package imports;
   contiguous K/V, fp16/bf16 CUDA, no mask, no per-sequence lengths, no cache.
 - `TorchNativeBackend` ("torch"): `scaled_dot_product_attention` over K/V gathered from the cache, always
@@ -18,8 +19,9 @@ DeprecationWarning) are *strict*: a call that backend cannot serve raises ValueE
 Otherwise ("auto") the first of cuda > flash > torch that can serve the call runs; a training call (grad
 enabled, an input requires grad, no cache) only considers flash and torch.
 
-Conventions: `blhd` layout. q `[B, Lq, Hq, D]` (decode also `[B, Hq, D]`), K/V `[B, L, Hkv, D]`; q head h
-reads kv head `h // (Hq // Hkv)`. Masks are bool, True = keep: `[B, L]` or `[B, Lq, L]`. A query that keeps
+Conventions: `blhd` layout. q `[B, Lq, Hq, D]` (decode also `[B, Hq, D]`; packed prefill `[Tq, Hq, D]` with
+`qo_indptr`), K/V `[B, L, Hkv, D]` (packed `[Tkv, Hkv, D]` with `kv_indptr`); q head h reads kv head
+`h // (Hq // Hkv)`. Masks are bool, True = keep: `[B, L]` or `[B, Lq, L]`. A query that keeps
 no key gets zeros. With `is_causal`, query i of a sequence with n keys sees keys `j <= n - Lq + i`.
 """
 
@@ -243,8 +245,8 @@ def gather_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch
 class AttnCall:
     """An attention call in canonical form (what backends see)."""
 
-    q: torch.Tensor                   # [B, Lq, Hq, D]
-    k: torch.Tensor | None            # [B, L, Hkv, D] contiguous source, None with a cache
+    q: torch.Tensor                   # [B, Lq, Hq, D]; packed [Tq, Hq, D] with qo_indptr
+    k: torch.Tensor | None            # [B, L, Hkv, D] contiguous source ([Tkv, Hkv, D] with kv_indptr), None with a cache
     v: torch.Tensor | None
     kv_cache: PagedKVCache | None
     layer_id: int | None
@@ -254,6 +256,13 @@ class AttnCall:
     scale: float
     kv_lens: torch.Tensor | None      # [B] int32, contiguous source only
     q_was_3d: bool
+    qo_indptr: torch.Tensor | None = None  # [B + 1] int32: packed q rows per sequence (prefill)
+    kv_indptr: torch.Tensor | None = None  # [B + 1] int32: packed contiguous keys per sequence
+
+    @property
+    def packed(self) -> bool:
+        """q (and contiguous K/V) hold packed variable-length sequences."""
+        return self.qo_indptr is not None
 
     @property
     def num_kv_heads(self) -> int:
@@ -301,46 +310,77 @@ def _kernels_available() -> bool:
     return loader.family_available(ops.FAMILY)
 
 
+@torch.compiler.assume_constant_result
+def _prefill_available() -> bool:
+    return loader.family_available(ops.FAMILY) and ops.has_prefill()
+
+
+def _kernel_mask(mask: torch.Tensor | None, packed: bool = False) -> torch.Tensor | None:
+    """The kernels read masks row by row: a unit last stride, and over packed rows a real row stride (an
+    expanded mask is copied; masks are small)."""
+    if mask is None:
+        return None
+    if mask.shape[-1] > 1 and mask.stride(-1) != 1:
+        return mask.contiguous()
+    if packed and mask.dim() == 3 and mask.shape[1] > 1 and mask.stride(1) == 0:
+        return mask.contiguous()
+    return mask
+
+
 class CudaBackend(AttentionBackend):
-    """This package's kernels: split-KV decode over contiguous K/V or a PagedKVCache."""
+    """This package's kernels: split-KV decode and Q-tiled prefill over contiguous K/V or a PagedKVCache."""
 
     name = "cuda"
 
     def blocker(self, call: AttnCall, *, check_available: bool = True) -> str | None:
-        if call.fwd == "prefill":
-            return "prefill kernels are not built yet (only decode runs on the CUDA backend)"
         if not call.q.is_cuda or call.kv_device.type != "cuda":
             return "q and K/V must be CUDA tensors"
         if call.q.dtype != torch.bfloat16 or call.kv_dtype != torch.bfloat16:
             return f"the kernels take bfloat16, got q {call.q.dtype} and K/V {call.kv_dtype}"
         if call.q.shape[-1] not in ops.HEAD_DIMS:
             return f"head_dim {call.q.shape[-1]} is not one of {ops.HEAD_DIMS}"
-        if call.q.shape[1] != 1:
+        if call.fwd == "decode" and not call.packed and call.q.shape[1] != 1:
             return f"decode takes one query token per sequence, got q_len {call.q.shape[1]}"
         if call.needs_grad():
             return "a gradient is needed; the kernels have no backward"
-        if call.attn_mask is not None and not (call.attn_mask.dim() == 2 or
-                                               (call.attn_mask.dim() == 3 and call.attn_mask.shape[1] == 1)):
+        if call.fwd == "decode" and call.attn_mask is not None and not (
+                call.attn_mask.dim() == 2 or (call.attn_mask.dim() == 3 and call.attn_mask.shape[1] == 1)):
             return "the decode kernels take a [B, L] (or [B, 1, L]) mask"
+        for name, t in (("attn_mask", call.attn_mask), ("kv_lens", call.kv_lens), ("qo_indptr", call.qo_indptr),
+                        ("kv_indptr", call.kv_indptr)):
+            if t is not None and t.device != call.q.device:
+                return f"{name} is on {t.device}, q on {call.q.device}"
         tensors = [call.q] + ([call.k, call.v] if call.kv_cache is None else list(call.kv_cache.layer(call.layer_id)))
         if not all(_is_vec_layout(t) for t in tensors):
             return "q/K/V are not 16-byte aligned with strides that are multiples of 8 elements"
-        if check_available and not _kernels_available():
-            return "no image serves the attention family here (python -m astrai.extension info says why)"
+        if check_available:
+            if not _kernels_available():
+                return "no image serves the attention family here (python -m astrai.extension info says why)"
+            if call.fwd == "prefill" and not _prefill_available():
+                return "the attention image in use predates the prefill kernels (python -m astrai.extension info)"
         return None
 
     def forward(self, call: AttnCall) -> torch.Tensor:
+        mask = _kernel_mask(call.attn_mask, call.packed)
+        cache = call.kv_cache
         if call.fwd == "prefill":
-            raise NotImplementedError("CudaBackend: prefill kernels are not built yet; use the torch or flash "
-                                      "backend (automatic selection falls back to them)")
+            if cache is None and call.packed:
+                return ops.attn_prefill_ragged(call.q, call.k, call.v, call.qo_indptr, call.kv_indptr, mask=mask,
+                                               is_causal=call.is_causal, scale=call.scale)
+            if cache is None:
+                return ops.attn_prefill(call.q, call.k, call.v, call.kv_lens, mask=mask, is_causal=call.is_causal,
+                                        scale=call.scale)
+            k_cache, v_cache = cache.layer(call.layer_id)
+            batch = cache.batch_size
+            return ops.attn_paged_prefill(call.q, k_cache, v_cache, cache.page_table[:batch], cache.kv_lens[:batch],
+                                          qo_indptr=call.qo_indptr, mask=mask, is_causal=call.is_causal,
+                                          scale=call.scale)
         q = call.q[:, 0]  # [B, Hq, D]
-        mask = call.attn_mask
         if mask is not None and mask.dim() == 3:
             mask = mask[:, 0]
-        if call.kv_cache is None:
+        if cache is None:
             out = ops.attn_decode(q, call.k, call.v, call.kv_lens, mask=mask, scale=call.scale)
         else:
-            cache = call.kv_cache
             k_cache, v_cache = cache.layer(call.layer_id)
             out = ops.attn_paged_decode(q, k_cache, v_cache, cache.page_table[:cache.batch_size],
                                         cache.kv_lens[:cache.batch_size], mask=mask, scale=call.scale)
@@ -357,6 +397,8 @@ class FlashAttnBackend(AttentionBackend):
             return "flash_attn takes CUDA tensors"
         if call.kv_cache is not None:
             return "flash_attn_func takes contiguous K/V, not a paged cache"
+        if call.packed:
+            return "packed sequences (qo_indptr) are not routed to flash_attn"
         if call.attn_mask is not None or call.kv_lens is not None:
             return "flash_attn_func takes no mask and no per-sequence lengths"
         if not call.q.is_cuda or call.q.dtype not in (torch.float16, torch.bfloat16) or call.k.dtype != call.q.dtype:
@@ -378,6 +420,8 @@ class TorchNativeBackend(AttentionBackend):
     name = "torch"
 
     def forward(self, call: AttnCall) -> torch.Tensor:
+        if call.packed:
+            return self._forward_packed(call)
         q = call.q
         batch, q_len = q.shape[:2]
         if call.kv_cache is None:
@@ -408,6 +452,67 @@ class TorchNativeBackend(AttentionBackend):
             attn_mask=keep[:, None], scale=call.scale, enable_gqa=q.shape[2] != k.shape[2])  # [B, Hq, Lq, D]
         out = out.transpose(1, 2)
         return out.masked_fill(~keep.any(-1)[:, :, None, None], 0.0)
+
+
+    def _forward_packed(self, call: AttnCall) -> torch.Tensor:
+        """Packed sequences one at a time (reads the indptrs: one host sync). Ranges are clamped as the kernels
+        clamp them; rows outside every sequence are zeros here (the kernels leave them unwritten)."""
+        q = call.q                                              # [Tq, Hq, D]
+        qo = call.qo_indptr.tolist()
+        batch = len(qo) - 1
+        if call.kv_cache is not None:
+            k_all, v_all, valid = call.kv_cache.gather(call.layer_id)  # [B, capacity, Hkv, D], [B, capacity]
+            lens = call.kv_cache.kv_lens[:batch].clamp(0, k_all.shape[1]).tolist()
+        else:
+            kv = call.kv_indptr.tolist()
+        out = torch.zeros_like(q)
+        for b in range(batch):
+            q_lo, q_hi = _clamped_range(qo, b, q.shape[0])
+            if q_hi == q_lo:
+                continue
+            if call.kv_cache is not None:
+                n = lens[b]
+                k, v, keep_keys = k_all[b, :n], v_all[b, :n], valid[b, :n]
+            else:
+                k_lo, k_hi = _clamped_range(kv, b, call.k.shape[0])
+                n = k_hi - k_lo
+                k, v = call.k[k_lo:k_hi], call.v[k_lo:k_hi]
+                keep_keys = torch.ones(n, dtype=torch.bool, device=q.device)
+            m = q_hi - q_lo
+            keep = keep_keys[None, :].expand(m, n)              # [m, n]
+            if call.attn_mask is not None:
+                keep = keep & _sequence_mask(call.attn_mask, b, m, n, q.device)
+            if call.is_causal:
+                keep = keep & (torch.arange(n, device=q.device)[None, :] <=
+                               n - m + torch.arange(m, device=q.device)[:, None])
+            if n == 0:
+                continue
+            rows = F.scaled_dot_product_attention(
+                q[q_lo:q_hi].transpose(0, 1)[None], k.transpose(0, 1)[None].to(q.dtype),
+                v.transpose(0, 1)[None].to(q.dtype), attn_mask=keep[None, None], scale=call.scale,
+                enable_gqa=q.shape[1] != k.shape[1])[0].transpose(0, 1)  # [m, Hq, D]
+            out[q_lo:q_hi] = rows.masked_fill(~keep.any(-1)[:, None, None], 0.0)
+        return out
+
+
+def _clamped_range(indptr: list[int], b: int, total: int) -> tuple[int, int]:
+    """Sequence b's [lo, hi) as the kernels read it: both bounds clamped into [0, total], decreasing = empty."""
+    lo = min(max(indptr[b], 0), total)
+    hi = min(max(indptr[b + 1], 0), total)
+    return lo, max(lo, hi)
+
+
+def _sequence_mask(mask: torch.Tensor, b: int, m: int, n: int, device) -> torch.Tensor:
+    """Sequence b's keep mask [m, n] from [B, M] or [B, Mq, M] (by row and key within the sequence): keys at or
+    past M and rows at or past Mq keep nothing."""
+    keep = torch.zeros(m, n, dtype=torch.bool, device=device)
+    keys = min(n, mask.shape[-1])
+    if mask.dim() == 2:
+        keep[:, :keys] = mask[b, None, :keys].to(device)
+    else:
+        rows = min(m, mask.shape[1])
+        keep[:rows, :keys] = mask[b, :rows, :keys].to(device)
+    return keep
 
 
 BACKENDS: dict[str, AttentionBackend] = {"cuda": CudaBackend(), "flash": FlashAttnBackend(),
@@ -507,10 +612,14 @@ def select_backend(call: AttnCall) -> AttentionBackend:
 # The public op
 # ---------------------------------------------------------------------------------------------------------
 
-def _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens) -> AttnCall:
+def _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens, qo_indptr=None,
+               kv_indptr=None) -> AttnCall:
     fn = "attention"
     if fwd not in FWD_MODES:
         raise ValueError(f"{fn}: fwd must be one of {FWD_MODES}, got {fwd!r}")
+    if qo_indptr is not None or kv_indptr is not None:
+        return _canonical_packed(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens, qo_indptr,
+                                 kv_indptr)
     if q.dim() == 3:
         q4, was3 = q.unsqueeze(1), True
     elif q.dim() == 4:
@@ -560,10 +669,66 @@ def _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv
     return AttnCall(q4, k, v, kv_cache, layer_id, resolved, bool(is_causal), attn_mask, scale, kv_lens, was3)
 
 
+def _check_indptr_arg(fn: str, name: str, t, size: int) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != size:
+        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
+        raise ValueError(f"{fn}: {name} must be int32 [B + 1] = [{size}], got {got}")
+
+
+def _canonical_packed(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens, qo_indptr,
+                      kv_indptr) -> AttnCall:
+    """Packed variable-length sequences: q [Tq, Hq, D] with qo_indptr, over a cache or packed K/V + kv_indptr."""
+    fn = "attention"
+    if qo_indptr is None:
+        raise ValueError(f"{fn}: kv_indptr needs qo_indptr (packed q [Tq, Hq, D])")
+    if fwd == "decode":
+        raise ValueError(f"{fn}: packed sequences (qo_indptr) are a prefill; fwd='decode' takes [B, 1, Hq, D]")
+    if q.dim() != 3:
+        raise ValueError(f"{fn}: with qo_indptr, q must be packed [Tq, Hq, D], got shape {list(q.shape)}")
+    if not (isinstance(qo_indptr, torch.Tensor) and qo_indptr.dim() == 1 and qo_indptr.shape[0] >= 1):
+        got = list(qo_indptr.shape) if isinstance(qo_indptr, torch.Tensor) else repr(qo_indptr)
+        raise ValueError(f"{fn}: qo_indptr must be int32 [B + 1], got {got}")
+    if kv_lens is not None:
+        raise ValueError(f"{fn}: with qo_indptr, key counts come from kv_indptr or the cache; do not pass kv_lens")
+    heads_q, head_dim = q.shape[1:]
+    if kv_cache is not None:
+        if k is not None or v is not None or kv_indptr is not None:
+            raise ValueError(f"{fn}: pass either kv_cache or k, v and kv_indptr, not both")
+        if layer_id is None:
+            raise ValueError(f"{fn}: kv_cache needs layer_id")
+        kv_cache.layer(layer_id)  # validates the id
+        batch = kv_cache.batch_size
+        heads_kv, kv_head_dim = kv_cache.num_kv_heads, kv_cache.head_dim
+    else:
+        if k is None or v is None or kv_indptr is None:
+            raise ValueError(f"{fn}: packed q needs kv_cache, or packed k, v [Tkv, Hkv, D] with kv_indptr")
+        if k.dim() != 3 or v.shape != k.shape:
+            raise ValueError(f"{fn}: with kv_indptr, k and v must be packed [Tkv, Hkv, D] of one shape, got "
+                             f"{list(k.shape)} and {list(v.shape)}")
+        batch = qo_indptr.shape[0] - 1
+        heads_kv, kv_head_dim = k.shape[1], k.shape[2]
+        _check_indptr_arg(fn, "kv_indptr", kv_indptr, batch + 1)
+    _check_indptr_arg(fn, "qo_indptr", qo_indptr, batch + 1)
+    if kv_head_dim != head_dim:
+        raise ValueError(f"{fn}: q head_dim {head_dim} differs from K/V head_dim {kv_head_dim}")
+    if heads_q % heads_kv:
+        raise ValueError(f"{fn}: q heads ({heads_q}) must be a multiple of kv heads ({heads_kv})")
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool:
+            raise ValueError(f"{fn}: attn_mask must be bool (True = keep), got {attn_mask.dtype}")
+        if attn_mask.dim() not in (2, 3) or attn_mask.shape[0] != batch:
+            raise ValueError(f"{fn}: over packed sequences attn_mask must be [B, M] or [B, max_q, M] with B = "
+                             f"{batch}, got {list(attn_mask.shape)}")
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    return AttnCall(q, k, v, kv_cache, layer_id, "prefill", bool(is_causal), attn_mask, scale, None, False,
+                    qo_indptr, kv_indptr)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
               kv_cache: PagedKVCache | None = None, layer_id: int | None = None, fwd: str | None = None,
               is_causal: bool = False, attn_mask: torch.Tensor | None = None, scale: float | None = None,
-              kv_lens: torch.Tensor | None = None) -> torch.Tensor:
+              kv_lens: torch.Tensor | None = None, qo_indptr: torch.Tensor | None = None,
+              kv_indptr: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention (GQA/MQA) over contiguous K/V or a PagedKVCache, best backend per call.
 
     Parameters
@@ -585,6 +750,14 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
         Softmax scale, default `1/sqrt(D)`.
     kv_lens : Tensor, optional
         `[B]` int32: keys used per sequence of contiguous K/V (a ragged batch); default all L.
+    qo_indptr : Tensor, optional
+        `[B + 1]` int32: packed variable-length prefill (like flash-attn's `cu_seqlens`). q is then
+        `[Tq, Hq, D]`, sequence b owning rows `qo_indptr[b]:qo_indptr[b + 1]`; the keys come from `kv_cache`
+        (B = its active sequences) or from packed k, v `[Tkv, Hkv, D]` with `kv_indptr`. Masks are then
+        `[B, M]` or `[B, max_q, M]` by row and key within the sequence. Returns `[Tq, Hq, D]`; rows outside
+        every sequence are unspecified.
+    kv_indptr : Tensor, optional
+        `[B + 1]` int32: sequence b's keys are `k[kv_indptr[b]:kv_indptr[b + 1]]` (with `qo_indptr`).
 
     Returns
     -------
@@ -596,7 +769,9 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
     >>> q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     >>> k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
     >>> out = attention(q, k, v)                          # decode: the CUDA split-KV kernel
+    >>> cu = torch.tensor([0, 70, 80], device="cuda", dtype=torch.int32)
+    >>> out = attention(q_packed, kv_cache=cache, layer_id=0, qo_indptr=cu, is_causal=True)  # q_packed [80, 32, 128]
     """
-    call = _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens)
+    call = _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens, qo_indptr, kv_indptr)
     out = select_backend(call).forward(call)
     return out[:, 0] if call.q_was_3d else out

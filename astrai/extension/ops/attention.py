@@ -6,20 +6,31 @@ Ops (schemas in docs/contracts.md, "Attention ops"):
   `[B, L, Hkv, D]` with optional per-sequence lengths `kv_lens` `[B]` int32 (a ragged batch);
 - `attn_paged_decode`: the same against a paged cache `[num_pages, page_size, Hkv, D]` through a page table
   `[B, max_pages]` int32 and `kv_lens` `[B]` int32;
+- `attn_prefill`: many query rows per sequence, q `[B, Lq, Hq, D]` against contiguous K/V `[B, L, Hkv, D]`
+  (optional `kv_lens`), masks `[B, L]` or `[B, Lq, L]`, causal aligned to the end of each sequence;
+- `attn_prefill_ragged`: packed variable-length sequences (as `flash_attn_varlen_func`): q `[Tq, Hq, D]`,
+  K/V `[Tkv, Hkv, D]`, sequence b owning rows `qo_indptr[b]:qo_indptr[b+1]` and keys
+  `kv_indptr[b]:kv_indptr[b+1]`;
+- `attn_paged_prefill`: q dense `[B, Lq, Hq, D]` or packed `[Tq, Hq, D]` (with `qo_indptr`) against a paged
+  cache;
 - `paged_kv_append`: write N new K/V tokens (`[N, Hkv, D]`) into a paged cache at (`seq_ids[n]`,
   `positions[n]`), one launch.
 
 bf16, head_dim 64/128/256, Hq a multiple of Hkv (GQA, MQA), softmax scale `1/sqrt(D)` unless given, fp32
-online softmax, split-KV with a log-sum-exp combine. These wrappers add only: loading the family on first
-use and registering the fake implementations, the 4-D q view, and the default scale. Everything else is
-checked by the op, which raises `RuntimeError` naming the op and the argument. Code that wants "the best
-available implementation" calls `astrai.extension.attention` instead.
+online softmax. Decode splits the KV and merges by log-sum-exp; prefill tiles the query rows (no KV split).
+These wrappers add only: loading the family on first use and registering the fake implementations, the 4-D
+q view of decode, the default scale, and for packed sequences an optional range check of the indptr arrays
+(one host sync; skipped under CUDA-graph capture and torch.compile). Everything else is checked by the op,
+which raises `RuntimeError` naming the op and the argument. Code that wants "the best available
+implementation" calls `astrai.extension.attention` instead.
 
 Example::
 
     from astrai.extension.ops import attention as ops
     out = ops.attn_decode(q, k, v, kv_lens)                        # q [B, 32, 128], k/v [B, L, 8, 128]
     out = ops.attn_paged_decode(q, k_cache, v_cache, page_table, kv_lens)
+    out = ops.attn_prefill(q, k, v, is_causal=True)                # q [B, Lq, 32, 128]
+    out = ops.attn_prefill_ragged(q, k, v, cu_seqlens, cu_seqlens, is_causal=True)  # q/k/v [T, H, 128]
 """
 
 from __future__ import annotations
@@ -35,10 +46,14 @@ FAMILY = "attention"
 OP_DECODE = "astrai.attn_decode"
 OP_PAGED_DECODE = "astrai.attn_paged_decode"
 OP_APPEND = "astrai.paged_kv_append"
+OP_PREFILL = "astrai.attn_prefill"
+OP_PREFILL_RAGGED = "astrai.attn_prefill_ragged"
+OP_PAGED_PREFILL = "astrai.attn_paged_prefill"
 HEAD_DIMS = (64, 128, 256)
 MAX_PAGE_SIZE = 128
 
 _loaded = False
+_has_prefill = False
 
 
 def _fake_decode(q, k, v, kv_lens, mask, scale, kv_split_size):
@@ -53,9 +68,24 @@ def _fake_append(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions)
     return None
 
 
+def _fake_prefill(q, k, v, kv_lens, mask, is_causal, scale):
+    return q.new_empty(q.shape)  # [B, Lq, Hq, D] contiguous bf16
+
+
+def _fake_prefill_ragged(q, k, v, qo_indptr, kv_indptr, mask, is_causal, scale):
+    return q.new_empty(q.shape)  # [Tq, Hq, D]
+
+
+def _fake_paged_prefill(q, k_cache, v_cache, qo_indptr, page_table, kv_lens, mask, is_causal, scale):
+    return q.new_empty(q.shape)  # like q: [Tq, Hq, D] or [B, Lq, Hq, D]
+
+
 _FAKES = {"astrai::attn_decode": _fake_decode,
           "astrai::attn_paged_decode": _fake_paged_decode,
           "astrai::paged_kv_append": _fake_append}
+_PREFILL_FAKES = {"astrai::attn_prefill": _fake_prefill,
+                  "astrai::attn_prefill_ragged": _fake_prefill_ragged,
+                  "astrai::attn_paged_prefill": _fake_paged_prefill}
 
 
 @torch.compiler.assume_constant_result
@@ -67,12 +97,64 @@ def load() -> bool:
     loader.FamilyUnavailableError
         No image serves the attention family here; the message says why and how to find out more.
     """
-    global _loaded
+    global _loaded, _has_prefill
     if not _loaded:
         loader.load_family(FAMILY, op=OP_DECODE)
         register_fakes(_FAKES)
+        # An image built before the prefill kernels registers only the decode ops: load it all the same.
+        _has_prefill = hasattr(torch.ops.astrai, "attn_prefill")
+        if _has_prefill:
+            register_fakes(_PREFILL_FAKES)
         _loaded = True
     return True
+
+
+def has_prefill() -> bool:
+    """True when the loaded image registers the prefill ops (loads the family; False when it is unavailable)."""
+    try:
+        load()
+    except loader.FamilyUnavailableError:
+        return False
+    return _has_prefill
+
+
+def _load_prefill(op: str) -> None:
+    load()
+    if not _has_prefill:
+        raise RuntimeError(f"{op}: the attention library of this image predates the prefill ops; rebuild or "
+                           f"reinstall astrai-kernels (python -m astrai.extension info shows the image in use)")
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def check_indptr_range(op: str, indptrs: list[tuple[str, torch.Tensor, int, str]]) -> None:
+    """Raise ValueError unless each indptr starts at >= 0, never decreases and ends at most at its total; one
+    host sync for all of them.
+
+    `indptrs`: (name, int32 [B + 1] tensor, total rows, where the total comes from). Skipped (returns at once)
+    for meta tensors, tensors the op itself rejects (dtype, rank), `torch.compile` tracing and CUDA-graph
+    capture, where a host sync is impossible; the device then clamps each sequence's range into [0, total]
+    and a sequence whose end precedes its start is empty.
+    """
+    usable = [(n, t, total, src) for n, t, total, src in indptrs
+              if t.dim() == 1 and t.numel() > 0 and t.dtype == torch.int32 and not t.is_meta]
+    if not usable or torch.compiler.is_compiling() or any(_capturing(t) for _, t, _, _ in usable):
+        return
+    values = torch.cat([t.to(usable[0][1].device) for _, t, _, _ in usable]).tolist()  # the one sync
+    start = 0
+    for name, t, total, src in usable:
+        row = values[start:start + t.numel()]
+        start += t.numel()
+        bad = next((i for i in range(1, len(row)) if row[i] < row[i - 1]), None)
+        if row[0] < 0 or bad is not None or row[-1] > total:
+            where = (f"{name}[0] = {row[0]} < 0" if row[0] < 0 else
+                     f"{name}[{bad}] = {row[bad]} < {name}[{bad - 1}] = {row[bad - 1]}" if bad is not None else
+                     f"{name}[-1] = {row[-1]} > {src} = {total}")
+            raise ValueError(f"{op}: {name} must start at >= 0, never decrease and end at most at {src} = {total}; "
+                             f"got {where}. Pass check_indptr=False to skip this check (one host sync); the "
+                             f"device then clamps every range into [0, {total}]")
 
 
 def _q3(q: torch.Tensor, op: str) -> torch.Tensor:
@@ -160,6 +242,131 @@ def attn_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.view(q.shape) if q.dim() == 4 else out
 
 
+def attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: torch.Tensor | None = None, *,
+                 mask: torch.Tensor | None = None, is_causal: bool = False,
+                 scale: float | None = None) -> torch.Tensor:
+    """Prefill attention over contiguous K/V: `torch.ops.astrai.attn_prefill`.
+
+    Parameters
+    ----------
+    q : Tensor
+        `[B, Lq, Hq, D]` bf16 CUDA, D in {64, 128, 256}.
+    k, v : Tensor
+        `[B, L, Hkv, D]` bf16, Hq a multiple of Hkv; q head h reads kv head `h // (Hq // Hkv)`.
+    kv_lens : Tensor, optional
+        `[B]` int32: keys used per sequence (clamped to [0, L] on the device). None: all L.
+    mask : Tensor, optional
+        bool, True = keep: `[B, L]` (every row) or `[B, Lq, L]`.
+    is_causal : bool
+        Row i of a sequence with n keys sees keys `j <= n - Lq + i` (aligned to the end: prior context counts).
+    scale : float, optional
+        Softmax scale; default `1/sqrt(D)`.
+
+    Returns
+    -------
+    Tensor
+        `[B, Lq, Hq, D]` bf16, contiguous. A row that keeps no key gets zeros.
+
+    Example
+    -------
+    >>> q = torch.randn(2, 1000, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k = torch.randn(2, 1500, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+    >>> out = attn_prefill(q, k, v, is_causal=True)       # rows see 500 keys of prior context, then their own
+    """
+    _load_prefill(OP_PREFILL)
+    return torch.ops.astrai.attn_prefill(q, k, v, kv_lens, mask, bool(is_causal), _scale(q, scale))
+
+
+def attn_prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
+                        kv_indptr: torch.Tensor, *, mask: torch.Tensor | None = None, is_causal: bool = False,
+                        scale: float | None = None, check_indptr: bool = True) -> torch.Tensor:
+    """Prefill attention over packed variable-length sequences: `torch.ops.astrai.attn_prefill_ragged`.
+
+    Parameters
+    ----------
+    q : Tensor
+        `[Tq, Hq, D]` bf16 CUDA: the rows of every sequence, packed.
+    k, v : Tensor
+        `[Tkv, Hkv, D]` bf16: the keys of every sequence, packed.
+    qo_indptr, kv_indptr : Tensor
+        `[B + 1]` int32 (cumulative lengths, like flash-attn's `cu_seqlens`): sequence b owns rows
+        `qo_indptr[b]:qo_indptr[b + 1]` of q and of the output, and keys `kv_indptr[b]:kv_indptr[b + 1]`.
+    mask : Tensor, optional
+        bool, True = keep, indexed by the row and key *within* the sequence: `[B, M]` or `[B, max_q, M]`;
+        keys at or past M and rows at or past max_q keep nothing.
+    is_causal : bool
+        Row i of a sequence with m rows and n keys sees keys `j <= n - m + i`.
+    scale : float, optional
+        Softmax scale; default `1/sqrt(D)`.
+    check_indptr : bool
+        Check that each indptr starts at >= 0, never decreases and ends within q (k) before launch (one host
+        sync; skipped under CUDA-graph capture and torch.compile). Unchecked, the device clamps the ranges.
+
+    Returns
+    -------
+    Tensor
+        `[Tq, Hq, D]` bf16, contiguous. Rows outside `[qo_indptr[0], qo_indptr[B])` are not written.
+
+    Example
+    -------
+    >>> cu = torch.tensor([0, 70, 80, 210], device="cuda", dtype=torch.int32)
+    >>> q = torch.randn(210, 32, 128, device="cuda", dtype=torch.bfloat16)
+    >>> k = torch.randn(210, 8, 128, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+    >>> out = attn_prefill_ragged(q, k, v, cu, cu, is_causal=True)
+    """
+    _load_prefill(OP_PREFILL_RAGGED)
+    if check_indptr:
+        check_indptr_range(OP_PREFILL_RAGGED, [("qo_indptr", qo_indptr, q.shape[0], "q.size(0)"),
+                                               ("kv_indptr", kv_indptr, k.shape[0], "k.size(0)")])
+    return torch.ops.astrai.attn_prefill_ragged(q, k, v, qo_indptr, kv_indptr, mask, bool(is_causal),
+                                                _scale(q, scale))
+
+
+def attn_paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                       kv_lens: torch.Tensor, *, qo_indptr: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None, is_causal: bool = False, scale: float | None = None,
+                       check_indptr: bool = True) -> torch.Tensor:
+    """Prefill attention over a paged KV cache: `torch.ops.astrai.attn_paged_prefill`.
+
+    Parameters
+    ----------
+    q : Tensor
+        Dense `[B, Lq, Hq, D]` bf16 CUDA, or packed `[Tq, Hq, D]` with `qo_indptr`.
+    k_cache, v_cache : Tensor
+        `[num_pages, page_size, Hkv, D]` bf16, page_size a power of two in [1, 128].
+    page_table : Tensor
+        `[B, max_pages]` int32: key t of sequence b lives in page `page_table[b, t // page_size]`, slot
+        `t % page_size`. A page id outside `[0, num_pages)` is never read: its keys are dropped.
+    kv_lens : Tensor
+        `[B]` int32 keys per sequence (the new rows' keys included), clamped on the device to
+        `[0, max_pages * page_size]`.
+    qo_indptr : Tensor, optional
+        `[B + 1]` int32: sequence b owns rows `qo_indptr[b]:qo_indptr[b + 1]` of a packed q. None: q is dense.
+    mask : Tensor, optional
+        bool, True = keep, by row and key within the sequence: `[B, M]` or `[B, Lq (max_q), M]`; keys at or
+        past M are dropped.
+    is_causal : bool
+        Row i of a sequence with m rows and n keys sees keys `j <= n - m + i` (the rows are the last m keys).
+    scale, check_indptr
+        As in `attn_prefill_ragged`.
+
+    Returns
+    -------
+    Tensor
+        q's shape, bf16, contiguous.
+
+    Example
+    -------
+    >>> out = attn_paged_prefill(q, cache.k[layer], cache.v[layer], cache.page_table[:B], cache.kv_lens[:B],
+    ...                          is_causal=True)
+    """
+    _load_prefill(OP_PAGED_PREFILL)
+    if qo_indptr is not None and check_indptr:
+        check_indptr_range(OP_PAGED_PREFILL, [("qo_indptr", qo_indptr, q.shape[0], "q.size(0)")])
+    return torch.ops.astrai.attn_paged_prefill(q, k_cache, v_cache, qo_indptr, page_table, kv_lens, mask,
+                                               bool(is_causal), _scale(q, scale))
+
+
 def paged_kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                     page_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
     """Write new tokens into a paged cache in one launch: `torch.ops.astrai.paged_kv_append`.
@@ -178,7 +385,8 @@ def paged_kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
 
 
 def smoke_test() -> None:
-    """A tiny decode (contiguous and paged) and an append on the current CUDA device against float32 torch.
+    """A tiny decode (contiguous and paged), an append and, where the image has it, a causal prefill (contiguous
+    and paged) on the current CUDA device against float32 torch.
 
     `python -m astrai.extension verify` calls it.
     """
@@ -214,4 +422,24 @@ def smoke_test() -> None:
             err = (got.float() - want).abs().max().item()
             if not err <= 2e-2:
                 raise RuntimeError(f"attention smoke test failed: {what} decode, sequence {b} (length {n}): "
+                                   f"max |kernel - torch| = {err:.3g}")
+    if not _has_prefill:
+        return
+    rows = 5
+    q_rows = rand(batch, rows, heads_q, head_dim)
+    pre = attn_prefill(q_rows, k, v, lens, is_causal=True)
+    pre_paged = attn_paged_prefill(q_rows, k_cache, v_cache, page_table, lens, is_causal=True)
+    for b in range(batch):
+        n = int(lens[b])
+        kb = k[b, :n].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
+        vb = v[b, :n].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (q_rows[b].float().transpose(0, 1) @ kb.transpose(1, 2)) / math.sqrt(head_dim)  # [Hq, rows, n]
+        row_pos = n - rows + torch.arange(rows, device="cuda")
+        keep = torch.arange(n, device="cuda")[None, :] <= row_pos[:, None]                        # [rows, n]
+        p = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0)
+        want = (p @ vb).transpose(0, 1)                                                           # [rows, Hq, D]
+        for what, got in (("contiguous", pre[b]), ("paged", pre_paged[b])):
+            err = (got.float() - want).abs().max().item()
+            if not err <= 2e-2:
+                raise RuntimeError(f"attention smoke test failed: {what} causal prefill, sequence {b} (length {n}): "
                                    f"max |kernel - torch| = {err:.3g}")

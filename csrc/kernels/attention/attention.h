@@ -25,9 +25,10 @@ struct DecodePlan {
 DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
                             int32_t sm_count, int64_t kv_split_size);
 
-// Launches the split-KV decode kernel and, when params.num_splits > 1, the combine kernel on `stream`.
-// Returns cudaErrorInvalidValue for inconsistent params (unsupported head_dim, head counts, missing
-// workspace); never throws. batch == 0: no launch.
+// Launches the split-KV decode on `stream`. With params.num_splits > 1 the splits merge in the decode kernel
+// (a cudaMemsetAsync of split_counters_ptr first, which must hold B * Hq int32), or in a combine kernel when
+// built with ASTRAI_DECODE_FUSED_MERGE=0. Returns cudaErrorInvalidValue for inconsistent params (unsupported
+// head_dim, head counts, missing workspace or counters); never throws. batch == 0: no launch.
 cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream);
 
 struct PrefillPlan {

@@ -1,5 +1,7 @@
-// Attention launchers: decode planner, parameter checks, decode + combine dispatch, paged KV append.
+// Attention launchers: decode planner, parameter checks, decode dispatch (fused merge or decode + combine),
+// paged KV append.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -9,15 +11,22 @@
 #include "kernels/attention/decode_dispatch.h"
 #include "kernels/common/cuda_check.h"
 
+
 namespace astrai {
 namespace {
 
-// Resident decode blocks per SM the auto planner aims for (4 x 128 threads): enough warps and loads in
-// flight to cover DRAM latency when one sequence must fill the GPU.
-constexpr int64_t kTargetBlocksPerSm = 4;
-// Fewest keys per split the auto planner makes: below it the partials and the combine cost more than
-// the extra parallelism brings.
-constexpr int64_t kMinSplitLen = 128;
+// Split planner cost model, in "key steps": the time a block slot of a full GPU takes for one key of K+V
+// (every slot streaming, sharing the DRAM bandwidth). Fit to the H200 sweeps (sweep_result_1.txt):
+//  - a block streams faster when fewer share the GPU, but its cp.async ring bounds it: per key,
+//    1/speed = kLoneKeyCost + (1 - kLoneKeyCost) * concurrent / slots (in 1/1024 steps), so one block per SM
+//    runs ~2.7x, a full wave 1x (B = 1, L = 32768: 16 splits 3.0 TB/s, 64 splits 3.9 TB/s);
+//  - per-block overhead (launch, the first round trip to DRAM, the epilogue);
+//  - with splits, the merge: a fixed part (counter memset, arrival atomic, lse round trip, or the combine
+//    kernel) and, per split and q head of a block, the merging block's read of one partial row through its SM.
+constexpr int64_t kLoneKeyCost = 160;          // 1/1024 steps
+constexpr int64_t kBlockOverheadKeys = 32;
+constexpr int64_t kMergeOverheadKeys = 32;
+constexpr int64_t kMergeSplitHeadCost = 128;   // 1/1024 steps per (split, q head of the block)
 
 template <typename T>
 T ceil_div(T a, T b) {
@@ -36,6 +45,7 @@ bool decode_params_valid(const DecodeParams& p) {
   if (int64_t(p.num_splits) * p.split_len < p.max_kv_len) return false;  // every key belongs to a split
   if (p.q_ptr == nullptr || p.k_ptr == nullptr || p.v_ptr == nullptr || p.out_ptr == nullptr) return false;
   if (p.num_splits > 1 && (p.partial_o_ptr == nullptr || p.partial_lse_ptr == nullptr)) return false;
+  if (ASTRAI_DECODE_FUSED_MERGE && p.num_splits > 1 && p.split_counters_ptr == nullptr) return false;
   if (p.paged) {
     if (p.page_table_ptr == nullptr || p.page_size_log2 < 0 || p.page_size_log2 > 7 || p.num_pages < 0) return false;
     if (p.kv_lens_ptr == nullptr) return false;
@@ -77,40 +87,114 @@ cudaError_t sm_count_of_current_device(int* sm_count) {
   return cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
 }
 
-}  // namespace
+// Whether the combine may launch as a programmatic dependent of the decode kernel on the current device: its
+// code for this device must come from sm_90+ (ptxVersion >= 90, so it holds griddepcontrol.wait). Cached per
+// device: the answer is fixed for the process.
+cudaError_t combine_can_overlap(bool* pdl) {
+  *pdl = false;
+  if (!ASTRAI_DECODE_PDL) return cudaSuccess;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices) return cudaSuccess;
+  int8_t state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    cudaFuncAttributes attr{};
+    ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, attention::decode_combine_kernel));
+    state = attr.ptxVersion >= 90 ? 2 : 1;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  *pdl = state == 2;
+  return cudaSuccess;
+}
 
-DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
-                            int32_t sm_count, int64_t kv_split_size) {
+// attn_decode_plan for a tile with blocks_per_sm resident blocks (the decode sweep plans its variants with it).
+DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
+                              int32_t sm_count, int64_t kv_split_size, int32_t blocks_per_sm) {
   constexpr int64_t align = kDecodeSplitAlign;
   const int64_t len = std::max<int64_t>(max_kv_len, 1);
-  int64_t splits;
+  int64_t splits = 1;
   if (kv_split_size > 0) {
     splits = ceil_div<int64_t>(len, ceil_div<int64_t>(kv_split_size, align) * align);
   } else {
-    const int64_t head_groups = ceil_div<int64_t>(std::max(group_size, 1), attention::kMaxGroup);
-    const int64_t blocks = std::max<int64_t>(int64_t(batch) * std::max(num_kv_heads, 1) * head_groups, 1);
-    const int64_t want = ceil_div<int64_t>(int64_t(std::max(sm_count, 1)) * kTargetBlocksPerSm, blocks);
-    splits = std::min(want, ceil_div(len, kMinSplitLen));
+    // Over every split count: full waves at speed 1, the last wave at its own speed, plus with splits the
+    // merge and the partials' traffic (B * Hq * s fp32 rows of D written and read once, against 4 D bytes
+    // per key step of every slot). Integer arithmetic in 1/1024 key steps; ties go to fewer splits.
+    const int64_t group = std::max(group_size, 1);
+    const int64_t head_groups = ceil_div<int64_t>(group, attention::kMaxGroup);
+    const int64_t block_heads = std::min<int64_t>(group, attention::kMaxGroup);
+    const int64_t heads_q = int64_t(std::max(num_kv_heads, 1)) * group;
+    const int64_t blocks = std::max<int64_t>(int64_t(std::max(batch, 1)) * std::max(num_kv_heads, 1) * head_groups, 1);
+    const int64_t slots = int64_t(std::max(sm_count, 1)) * std::max(blocks_per_sm, 1);
+    const int64_t most = std::min<int64_t>(ceil_div(len, align), kDecodeMaxSplits);
+    int64_t best_cost = INT64_MAX;
+    for (int64_t s = 1; s <= most; ++s) {
+      const int64_t split_len = ceil_div(ceil_div(len, s), align) * align;
+      const int64_t n = ceil_div(len, split_len);
+      if (n != s) continue;  // the same plan as a smaller count
+      const int64_t waves = ceil_div(blocks * n, slots);
+      const int64_t last = blocks * n - (waves - 1) * slots;  // blocks of the last wave
+      const int64_t inv_speed = kLoneKeyCost + (1024 - kLoneKeyCost) * last / slots;
+      int64_t cost = (waves - 1) * (split_len + kBlockOverheadKeys) * 1024 + split_len * inv_speed +
+                     kBlockOverheadKeys * 1024;
+      if (n > 1) {
+        cost += kMergeOverheadKeys * 1024 + n * block_heads * kMergeSplitHeadCost +
+                2 * 1024 * int64_t(std::max(batch, 1)) * heads_q * n / slots;
+      }
+      if (cost < best_cost) {
+        best_cost = cost;
+        splits = n;
+      }
+    }
   }
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kDecodeMaxSplits));
   const int64_t split_len = ceil_div(ceil_div(len, splits), align) * align;
   return DecodePlan{int32_t(ceil_div(len, split_len)), int32_t(split_len)};
 }
 
-cudaError_t attn_decode_bf16_launch(const DecodeParams& p, cudaStream_t stream) {
-  if (!decode_params_valid(p)) return cudaErrorInvalidValue;
-  if (p.batch == 0) return cudaSuccess;
-  cudaError_t status = cudaSuccess;
+}  // namespace
+
+DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
+                            int32_t sm_count, int64_t kv_split_size) {
+  return plan_decode_splits(batch, num_kv_heads, group_size, max_kv_len, sm_count, kv_split_size,
+                            attention::kDecodeBlocksPerSm);
+}
+
+namespace {
+
+// Counters of the fused merge that a launch uses: one per (b, kv head, head group).
+int64_t decode_split_counters(const DecodeParams& p) {
+  const int group_size = p.num_q_heads / p.num_kv_heads;
+  return int64_t(p.batch) * p.num_kv_heads * ceil_div(group_size, attention::kMaxGroup);
+}
+
+cudaError_t launch_decode_kernel(const DecodeParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: status = attention::launch_decode_split_kv<64>(p, stream); break;
-    case 128: status = attention::launch_decode_split_kv<128>(p, stream); break;
-    default: status = attention::launch_decode_split_kv<256>(p, stream); break;
+    case 64: return attention::launch_decode_split_kv<64>(p, stream);
+    case 128: return attention::launch_decode_split_kv<128>(p, stream);
+    default: return attention::launch_decode_split_kv<256>(p, stream);
   }
-  if (status != cudaSuccess || p.num_splits == 1) return status;
-  // One block per (b, q head) row: kCombineLanes split lanes x D/8 chunks (64..256 threads).
-  const int64_t rows = int64_t(p.batch) * p.num_q_heads;
-  attention::decode_combine_kernel<<<unsigned(rows), (p.head_dim / 8) * attention::kCombineLanes, 0, stream>>>(p);
-  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream) {
+  if (!decode_params_valid(params)) return cudaErrorInvalidValue;
+  if (params.batch == 0) return cudaSuccess;
+  DecodeParams p = params;
+  if (!ASTRAI_DECODE_FUSED_MERGE || p.num_splits == 1) p.split_counters_ptr = nullptr;
+  if (p.split_counters_ptr != nullptr) {
+    // Zeroed per call, though the merge leaves them zero: the workspace is the caller's fresh allocation, and
+    // a launch that never ran to the end (an error, an aborted graph) must not poison the next one.
+    ASTRAI_CUDA_TRY(cudaMemsetAsync(p.split_counters_ptr, 0, size_t(decode_split_counters(p)) * 4, stream));
+    return launch_decode_kernel(p, stream);
+  }
+  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream));
+  if (p.num_splits == 1) return cudaSuccess;
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(combine_can_overlap(&pdl));
+  return attention::launch_decode_combine(p, stream, pdl);
 }
 
 cudaError_t paged_kv_append_bf16_launch(const AppendParams& p, cudaStream_t stream) {

@@ -1,6 +1,9 @@
 // Log-sum-exp merge of split-KV decode partials into the bf16 output (included by the launcher only).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
 
 namespace astrai {
@@ -11,39 +14,59 @@ namespace attention {
 // per split.
 constexpr int kCombineLanes = 8;
 
-// grid: B * Hq rows; block: (D / 8) * kCombineLanes threads. Thread (j, c) folds splits j, j + 8, ... of
-// dims [8c, 8c + 8) into an online state; the kCombineLanes states then merge in lane order. The order
-// is fixed by the shapes, so results are deterministic. Empty splits (lse -inf) contribute exact zeros.
+// grid: B * Hq rows; block: (D / 8) * kCombineLanes threads. Launched as a programmatic dependent of the
+// decode kernel where the device and this image allow it: everything before wait_prerequisites overlaps the
+// decode's tail. Three passes, each with independent loads (a few memory round trips at any split count):
+//   1. the row's lse of every split into shared memory, and their max;
+//   2. weights w_s = exp2(lse_s - max) (0 for empty splits);
+//   3. thread (j, c) sums w_s o_s over splits j, j + kCombineLanes, ... for dims [8c, 8c + 8); the
+//      kCombineLanes sums then merge in lane order.
+// Every order is fixed by the shapes, so results are deterministic and batch invariant.
 __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_constant__ DecodeParams p) {
   using bf16 = __nv_bfloat16;
-  __shared__ __align__(16) float sm_o[kCombineLanes][32][8];  // per split lane, per chunk: o
-  __shared__ float sm_m[kCombineLanes][32];                    // per split lane, per chunk: max lse
+  __shared__ float sm_w[kDecodeMaxSplits];                     // per split: lse, then weight
+  __shared__ __align__(16) float sm_o[kCombineLanes][32][8];  // per split lane, per chunk: weighted o
   __shared__ float sm_s[kCombineLanes][32];                    // per split lane, per chunk: sum of weights
+  __shared__ float sm_red[8];                                  // per warp: max lse
 
   const int chunks = p.head_dim / 8;
   const int c = int(threadIdx.x) % chunks;
   const int j = int(threadIdx.x) / chunks;
+  const int tid = threadIdx.x;
+  const int threads = chunks * kCombineLanes;
   const int64_t row = blockIdx.x;  // b * Hq + qh
   const int64_t rows = int64_t(p.batch) * p.num_q_heads;
+  const int n = p.num_splits;
 
-  float mx = neg_inf(), sum = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-  for (int s = j; s < p.num_splits; s += kCombineLanes) {
+  decode_ptx::wait_prerequisites();
+
+  float mx = neg_inf();
+  for (int s = tid; s < n; s += threads) {
     const float lse = p.partial_lse_ptr[s * rows + row];
+    sm_w[s] = lse;
+    mx = fmaxf(mx, lse);
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (tid % 32 == 0) sm_red[tid / 32] = mx;
+  __syncthreads();
+  mx = sm_red[0];
+  for (int w = 1; w < threads / 32; ++w) mx = fmaxf(mx, sm_red[w]);
+  // Each thread rewrites only the entries it wrote above.
+  for (int s = tid; s < n; s += threads) sm_w[s] = mx == neg_inf() ? 0.f : decode_ptx::exp2_approx(sm_w[s] - mx);
+  __syncthreads();
+
+  float sum = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int s = j; s < n; s += kCombineLanes) {
+    const float w = sm_w[s];
+    if (w == 0.f) continue;  // an empty split (or one that underflows): its o adds nothing
     const float4* src = reinterpret_cast<const float4*>(p.partial_o_ptr + (s * rows + row) * p.head_dim + 8 * c);
     const float4 a = src[0], b = src[1];
-    if (lse == neg_inf()) continue;  // an empty split
-    const float m_new = fmaxf(mx, lse);
-    const float keep = exp2f(mx - m_new);  // 0 while the state is empty
-    const float w = exp2f(lse - m_new);
-    sum = fmaf(sum, keep, w);
-    o[0] = fmaf(o[0], keep, w * a.x); o[1] = fmaf(o[1], keep, w * a.y);
-    o[2] = fmaf(o[2], keep, w * a.z); o[3] = fmaf(o[3], keep, w * a.w);
-    o[4] = fmaf(o[4], keep, w * b.x); o[5] = fmaf(o[5], keep, w * b.y);
-    o[6] = fmaf(o[6], keep, w * b.z); o[7] = fmaf(o[7], keep, w * b.w);
-    mx = m_new;
+    sum += w;
+    o[0] = fmaf(w, a.x, o[0]); o[1] = fmaf(w, a.y, o[1]); o[2] = fmaf(w, a.z, o[2]); o[3] = fmaf(w, a.w, o[3]);
+    o[4] = fmaf(w, b.x, o[4]); o[5] = fmaf(w, b.y, o[5]); o[6] = fmaf(w, b.z, o[6]); o[7] = fmaf(w, b.w, o[7]);
   }
-  sm_m[j][c] = mx;
   sm_s[j][c] = sum;
   float4* dst = reinterpret_cast<float4*>(&sm_o[j][c][0]);
   dst[0] = make_float4(o[0], o[1], o[2], o[3]);
@@ -51,18 +74,12 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   __syncthreads();
 
   if (j != 0) return;
-  float m_all = neg_inf();
-#pragma unroll
-  for (int i = 0; i < kCombineLanes; ++i) m_all = fmaxf(m_all, sm_m[i][c]);
   float total = 0.f, out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (m_all != neg_inf()) {
 #pragma unroll
-    for (int i = 0; i < kCombineLanes; ++i) {
-      const float w = exp2f(sm_m[i][c] - m_all);  // 0 for a lane that saw no split
-      total = fmaf(sm_s[i][c], w, total);
+  for (int i = 0; i < kCombineLanes; ++i) {
+    total += sm_s[i][c];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = fmaf(sm_o[i][c][e], w, out[e]);
-    }
+    for (int e = 0; e < 8; ++e) out[e] += sm_o[i][c][e];
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
 #pragma unroll
@@ -70,6 +87,25 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   const int64_t b = row / p.num_q_heads;
   const int64_t qh = row % p.num_q_heads;
   store8_bf16(static_cast<bf16*>(p.out_ptr) + (b * p.out_batch_stride + qh * p.out_head_stride + 8 * c), out);
+}
+
+// Launches the combine for params already checked; pdl: as a programmatic dependent of the previous launch
+// on `stream` (the decode kernel). Only when the combine was compiled for sm_90+ (it then waits with
+// griddepcontrol.wait); a compute_80 PTX image JIT-compiled for an H200 has no wait and must not use it.
+inline cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, bool pdl) {
+  // One block per (b, q head) row: kCombineLanes split lanes x D/8 chunks (64..256 threads).
+  const int64_t rows = int64_t(p.batch) * p.num_q_heads;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(rows));
+  config.blockDim = dim3(unsigned((p.head_dim / 8) * kCombineLanes));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
 }
 
 }  // namespace attention

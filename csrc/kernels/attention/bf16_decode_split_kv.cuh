@@ -1,4 +1,5 @@
-// Split-KV GQA decode on bf16 (CUDA cores, fp32 online softmax), templated on the KV source, and its combine.
+// Split-KV GQA decode on bf16 tensor cores (mma.sync m16n8k16, fp32 online softmax), templated on the KV
+// source and the tile configuration.
 #pragma once
 
 #include <cstdint>
@@ -6,71 +7,74 @@
 #include <cuda_bf16.h>
 
 #include "kernels/attention/async_copy.cuh"
+#include "kernels/attention/decode_mma.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/common/vec_types.cuh"
 
 namespace astrai {
 namespace attention {
 
-constexpr int kDecodeThreads = 128;  // 4 warps
-constexpr int kDecodeWarps = kDecodeThreads / 32;
-// Most q heads of one kv head a block holds (registers: 16 floats per head per thread). A larger GQA
-// group (MQA with many q heads) runs ceil(group / kMaxGroup) blocks per kv head, which share K/V through L2.
+// Most q heads of one kv head a block holds: the N = 8 columns of the P V mma. A larger GQA group (MQA with
+// many q heads) runs ceil(group / kMaxGroup) blocks per kv head, which share K/V through L2.
 constexpr int kMaxGroup = 8;
+// Resident decode blocks per SM the split planner counts on: every production tile below keeps a block at
+// 48 KB of shared memory, so 4 fit the 228 KB of an H100/H200 SM (registers allow more).
+constexpr int kDecodeBlocksPerSm = 4;
 
-// Work layout of one block: (sequence b, kv head, head group of kGroup q heads, split).
-//   A "lane group" of kLanes = D/8 lanes holds one key row: each lane owns 8 consecutive dims (one 16-byte
-//   load of K and one of V). A warp holds 32/kLanes lane groups; the block holds kTokenGroups of them.
-//   Each lane group takes kKeys keys per step (their loads all issue before the first use), so a block
-//   step covers kStep keys. Scores reduce over the lane group with xor shuffles; the G q heads share every
-//   K/V load, so K/V stream from memory once per kv head.
-template <int kHeadDim, int kGroup>
-struct DecodeTraits {
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "decode supports head_dim 64, 128, 256");
-  static_assert(kGroup == 1 || kGroup == 2 || kGroup == 4 || kGroup == 8, "q heads per block: 1, 2, 4 or 8");
-  static constexpr int kLanes = kHeadDim / 8;                        // lanes per key row
-  static constexpr int kTokenGroups = kDecodeThreads / kLanes;       // lane groups per block
-  // Keys per lane group per step: 4 keeps 128 bytes of K+V in flight per thread; 8 q heads need the
-  // registers for q and the accumulators, so they take 2.
-  static constexpr int kKeys = kGroup <= 4 ? 4 : 2;
-  static constexpr int kStep = kTokenGroups * kKeys;                 // keys per block step
-  // K/V staging: each thread cp.asyncs the 16-byte runs it will itself read (so no barrier is needed in
-  // the loop) into a ring of kStages steps; kStages - 1 steps are in flight while one is computed.
-  // 48 KB per block whatever the shape (the epilogue reuses it).
-  static constexpr int kSmemBytes = 48 * 1024;
-  static constexpr int kStageBytes = kDecodeThreads * kKeys * 2 * 16;  // K and V of kKeys keys per thread
-  static constexpr int kStages = kSmemBytes / kStageBytes;             // 3 (kKeys 4) or 6 (kKeys 2)
-  static_assert(kStages >= 2, "the ring needs two stages");
+// A block is kWarps independent warps over one (sequence, kv head, head group, split). Each warp takes every
+// kWarps-th tile of kTileKeys keys of the split and streams it through its own cp.async ring of kStages
+// tiles (no block barrier in the loop): kStages - 1 tiles are in flight while one is computed.
+template <int kWarps_, int kTileKeys_, int kStages_, bool kSplitP_ = true>
+struct DecodeTile {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kTileKeys = kTileKeys_;
+  static constexpr int kStages = kStages_;
+  // P enters the P V mma as bf16. kSplitP: as hi + lo (two mmas), so P keeps ~16 bits and the output is as
+  // accurate as an fp32 P V (a single bf16 P is off by up to 2^-9 relative per weight: ~1e-2 at |V| = 4).
+  static constexpr bool kSplitP = kSplitP_;
+  static_assert(kWarps >= 1 && kWarps <= 8, "1..8 warps per block");
+  static_assert(kTileKeys == 16 || kTileKeys == 32, "a tile is one or two k = 16 steps of the P V mma, at most a warp of keys");
+  static_assert(kStages >= 2 && kStages <= 8, "the ring needs two stages");
 };
 
-// Where key t of sequence b lives. Contiguous: [B, L, Hkv, D]. Paged: page_table[b, t >> log2(page_size)],
-// slot t & (page_size - 1); an id outside [0, num_pages) makes the key unaddressable (it is dropped).
-template <bool kPaged>
-struct KvSource {
-  __device__ __forceinline__ static bool locate(const DecodeParams& p, int b, int t, int64_t& k_off,
-                                                int64_t& v_off) {
-    if constexpr (kPaged) {
-      const int page = __ldg(p.page_table_ptr + int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2));
-      if (page < 0 || page >= p.num_pages) return false;
-      const int slot = t & ((1 << p.page_size_log2) - 1);
-      k_off = int64_t(page) * p.k_batch_stride + int64_t(slot) * p.k_seq_stride;
-      v_off = int64_t(page) * p.v_batch_stride + int64_t(slot) * p.v_seq_stride;
-    } else {
-      k_off = int64_t(b) * p.k_batch_stride + int64_t(t) * p.k_seq_stride;
-      v_off = int64_t(b) * p.v_batch_stride + int64_t(t) * p.v_seq_stride;
-    }
-    return true;
+// Production tiles: 48 KB of ring per block (kDecodeBlocksPerSm), 16 KB of K+V in flight per warp.
+template <int kHeadDim>
+struct DecodeDefaultTile;
+template <>
+struct DecodeDefaultTile<64> {
+  using type = DecodeTile<2, 32, 3>;
+};
+template <>
+struct DecodeDefaultTile<128> {
+  using type = DecodeTile<2, 16, 3>;
+};
+template <>
+struct DecodeDefaultTile<256> {
+  using type = DecodeTile<1, 16, 3>;
+};
+
+template <int kHeadDim, class Tile>
+struct DecodeTraits {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "decode supports head_dim 64, 128, 256");
+  static constexpr int kThreads = Tile::kWarps * 32;
+  static constexpr int kChunks = kHeadDim / 8;                         // 16-byte chunks per key row
+  static constexpr int kTileBytes = Tile::kTileKeys * kHeadDim * 2;    // K (or V) of one tile
+  static constexpr int kStageBytes = 2 * kTileBytes;                   // K then V
+  static constexpr int kSmemBytes = Tile::kWarps * Tile::kStages * kStageBytes;
+  // Lane l copies chunk l % kChunks of tile rows l / kChunks + i * kRowStep, i < kCopies (K and V each).
+  static constexpr int kRowStep = 32 / kChunks;
+  static constexpr int kCopies = Tile::kTileKeys / kRowStep;
+  // Epilogue: per warp and head, unnormalized o, running max (log2) and sum, over the ring.
+  static constexpr int kEpilogueBytes = Tile::kWarps * kMaxGroup * (kHeadDim + 2) * 4;
+  static_assert(kEpilogueBytes <= kSmemBytes, "the epilogue fits the ring");
+  // Fused merge (decode_merge_splits): n * heads weights plus two staging buffers of at least one split each.
+  static constexpr bool merge_fits(int num_splits, int heads) {
+    return int64_t(num_splits) * heads * 4 + 2 * int64_t(heads) * kHeadDim * 4 <= kSmemBytes;
   }
 };
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-// The 8 floats of one 16-byte bf16 load.
-__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
-  f[0] = bf16_lo(v.x); f[1] = bf16_hi(v.x); f[2] = bf16_lo(v.y); f[3] = bf16_hi(v.y);
-  f[4] = bf16_lo(v.z); f[5] = bf16_hi(v.z); f[6] = bf16_lo(v.w); f[7] = bf16_hi(v.w);
-}
 
 __device__ __forceinline__ void store8_bf16(void* dst, const float* f) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]),
@@ -79,42 +83,161 @@ __device__ __forceinline__ void store8_bf16(void* dst, const float* f) {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
-// grid: (Hkv * head_groups, B, num_splits); block: kDecodeThreads.
+// Fused split merge, run by the last-arriving split block of a (sequence, kv head, head group) over the ring:
+// out = sum_s w_s o_s / sum_s w_s, w_s = exp2(lse_s - max lse), summed in split order per element. Every
+// partial, the merging block's own included, is read back from global memory, so the bits do not depend on
+// which block arrives last, and the order depends on the shapes only (batch invariant). The o rows of a
+// split (heads * D fp32, contiguous) stream through two staging buffers with cp.async (no registers, a
+// whole buffer in flight); L2-only loads (.cg) throughout, since L1 is not coherent with the other SMs.
+// Needs DecodeTraits::merge_fits(n, heads) (the launcher checks it).
+template <int kHeadDim, class Tile>
+__device__ __forceinline__ void decode_merge_splits(const DecodeParams& p, unsigned char* smem, int b, int qh0,
+                                                    int heads) {
+  using Traits = DecodeTraits<kHeadDim, Tile>;
+  constexpr int kThreads = Traits::kThreads;
+  constexpr int kVecs = kHeadDim / 4;                                 // float4 per head row
+  constexpr int kItems = (kMaxGroup * kVecs + kThreads - 1) / kThreads;  // (head, float4) items per thread
+  __shared__ float sm_max[kMaxGroup];
+  const int n = p.num_splits;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int row_floats = heads * kHeadDim;   // o of one split
+  const int row_vecs = heads * kVecs;
+  float* sm_w = reinterpret_cast<float*>(smem + Traits::kSmemBytes) - n * heads;  // [n][heads]: lse, then weight
+  float* stage = reinterpret_cast<float*>(smem);                                  // [2][per_buf][heads][D]
+  const int per_buf = (Traits::kSmemBytes - n * heads * 4) / (2 * row_floats * 4);
+  const int rounds = (n + per_buf - 1) / per_buf;
+  const int64_t split_stride = int64_t(p.batch) * p.num_q_heads;  // rows between splits
+  const int64_t row0 = int64_t(b) * p.num_q_heads + qh0;          // split 0's first row of this block
+
+  auto issue = [&](int r) {
+    if (r < rounds) {
+      const int s0 = r * per_buf;
+      const int cnt = min(per_buf, n - s0);
+      float* dst = stage + (r & 1) * per_buf * row_floats;
+      for (int i = tid; i < cnt * row_vecs; i += kThreads) {
+        const int j = i / row_vecs;
+        const int e = i - j * row_vecs;
+        cp_async16(dst + j * row_floats + 4 * e, p.partial_o_ptr + ((s0 + j) * split_stride + row0) * kHeadDim + 4 * e);
+      }
+    }
+    cp_async_commit();
+  };
+  issue(0);
+  issue(1);
+
+  // Weights: per-head max over the splits (warp w reduces heads w, w + kWarps, ...), then exp2 in place.
+  for (int i = tid; i < n * heads; i += kThreads) {
+    const int s = i / heads;
+    sm_w[i] = __ldcg(p.partial_lse_ptr + s * split_stride + row0 + (i - s * heads));
+  }
+  __syncthreads();
+  for (int g = warp; g < heads; g += Tile::kWarps) {
+    float mx = neg_inf();
+    for (int s = lane; s < n; s += 32) mx = fmaxf(mx, sm_w[s * heads + g]);
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0) sm_max[g] = mx;
+  }
+  __syncthreads();
+  for (int i = tid; i < n * heads; i += kThreads) {
+    const float lse = sm_w[i];
+    sm_w[i] = lse == neg_inf() ? 0.f : decode_ptx::exp2_approx(lse - sm_max[i % heads]);  // empty split: 0
+  }
+
+  float acc[kItems][4], sum[kItems];  // (kItems, 4): weighted o of dims 4 c .. 4 c + 3 of head g, per item
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = sum[k] = 0.f;
+  for (int r = 0; r < rounds; ++r) {
+    cp_async_wait<1>();  // this thread's copies of round r have landed (round r + 1 may be in flight)
+    __syncthreads();     // ... and every thread's; the weights are written
+    const float* src = stage + (r & 1) * per_buf * row_floats;
+    const int s0 = r * per_buf;
+    const int cnt = min(per_buf, n - s0);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int item = tid + k * kThreads;  // consecutive threads, consecutive float4: no bank conflict
+      if (item < row_vecs) {
+        const int g = item / kVecs;
+        for (int j = 0; j < cnt; ++j) {
+          const float w = sm_w[(s0 + j) * heads + g];
+          const float4 v = *reinterpret_cast<const float4*>(src + j * row_floats + 4 * item);
+          acc[k][0] = fmaf(w, v.x, acc[k][0]);
+          acc[k][1] = fmaf(w, v.y, acc[k][1]);
+          acc[k][2] = fmaf(w, v.z, acc[k][2]);
+          acc[k][3] = fmaf(w, v.w, acc[k][3]);
+          sum[k] += w;
+        }
+      }
+    }
+    __syncthreads();  // buffer r & 1 is free again
+    issue(r + 2);
+  }
+  cp_async_wait<0>();  // only empty groups remain; nothing may be pending at exit
+
+  using bf16 = __nv_bfloat16;
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int item = tid + k * kThreads;
+    if (item < row_vecs) {
+      const int g = item / kVecs;
+      const int c = item - g * kVecs;
+      const float inv = sum[k] > 0.f ? 1.f / sum[k] : 0.f;
+      const int64_t at = int64_t(b) * p.out_batch_stride + int64_t(qh0 + g) * p.out_head_stride + 4 * c;
+      *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out_ptr) + at) =
+          make_uint2(pack_bf16x2(acc[k][0] * inv, acc[k][1] * inv), pack_bf16x2(acc[k][2] * inv, acc[k][3] * inv));
+    }
+  }
+}
+
+// grid: (Hkv * head_groups, B, num_splits); block: Tile::kWarps * 32; dynamic shared memory:
+// DecodeTraits::kSmemBytes.
 // Split s covers keys [s * split_len, min((s + 1) * split_len, kv_len)). Keys past kv_len, masked, past
 // mask_len or on an invalid page are dropped. A query with no kept key gets 0 (lse -inf).
-template <int kHeadDim, int kGroup, bool kPaged>
-// Min blocks per SM: 4 keeps G <= 4 at <= 128 registers (4 x 48 KB of ring fit an H100/H200 SM).
-__global__ void __launch_bounds__(kDecodeThreads, kGroup <= 4 ? 4 : 2)
-    decode_split_kv_kernel(const __grid_constant__ DecodeParams p) {
-  using Traits = DecodeTraits<kHeadDim, kGroup>;
-  constexpr int kLanes = Traits::kLanes;
-  constexpr int kTokenGroups = Traits::kTokenGroups;
-  constexpr int kKeys = Traits::kKeys;
-  constexpr int kStep = Traits::kStep;
+// num_splits > 1: every block writes its normalized partial and lse; with split_counters_ptr the last block
+// of each (b, blockIdx.x) to arrive then merges them (decode_merge_splits), else the combine kernel does.
+//
+// Per warp and tile of T keys (g = lane / 4, c = 2 (lane % 4)):
+//   S = Q K^T      mma M = q heads (rows 0..7, the rest zero), N = 8 keys, K = 16 dims; Q stays in registers as
+//                  the A fragment, K^T comes from ldmatrix of the K rows. Lane holds S[head g][keys c, c+1].
+//   softmax        per head over the 4 lanes of a quad (2 shuffles); P = exp2(S - m) is already the B fragment
+//                  (keys c..c+1, c+8..c+9 of head g) of
+//   O^T += V^T P^T mma M = 16 dims, N = 8 q heads, K = 16 keys; V^T comes from ldmatrix.trans of the V rows.
+//                  Lane holds O^T[dims g, g+8][heads c, c+1].
+// K/V tiles are stored row-major with the 16-byte chunk index XORed by (row % 8): ldmatrix's 8 rows of a
+// matrix then hit 8 different bank groups.
+template <int kHeadDim, bool kPaged, class Tile>
+__global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(const __grid_constant__ DecodeParams p) {
+  using Traits = DecodeTraits<kHeadDim, Tile>;
   using bf16 = __nv_bfloat16;
+  constexpr int kWarps = Tile::kWarps;
+  constexpr int kT = Tile::kTileKeys;
+  constexpr int kStages = Tile::kStages;
+  constexpr int kChunks = Traits::kChunks;
+  constexpr int kNT = kT / 8;          // n-tiles of S per tile
+  constexpr int kKK = kT / 16;         // k-steps of P V per tile
+  constexpr int kMT = kHeadDim / 16;   // m-tiles of O^T
+  constexpr int kKS = kHeadDim / 16;   // k-steps of Q K^T
 
-  constexpr int kStages = Traits::kStages;
-  // The K/V ring during the loop: [kStages][kKeys][K, V][kDecodeThreads] 16-byte runs; thread tid only
-  // touches column tid. After the loop (and a barrier) the same bytes hold the lane groups' states.
-  __shared__ __align__(16) uint4 sm_ring[kStages * kKeys * 2 * kDecodeThreads];
-  static_assert(sizeof(sm_ring) == Traits::kSmemBytes, "ring size");
-  static_assert(sizeof(float) * kTokenGroups * kGroup * (kHeadDim + 2) <= sizeof(sm_ring), "epilogue fits the ring");
-  // per lane group: unnormalized o, running max (log2), sum of exp2
-  auto& sm_o = *reinterpret_cast<float(*)[kTokenGroups][kGroup][kHeadDim]>(&sm_ring[0]);
-  auto& sm_m = *reinterpret_cast<float(*)[kTokenGroups][kGroup]>(
-      reinterpret_cast<float*>(&sm_ring[0]) + kTokenGroups * kGroup * kHeadDim);
-  auto& sm_l = *reinterpret_cast<float(*)[kTokenGroups][kGroup]>(
-      reinterpret_cast<float*>(&sm_ring[0]) + kTokenGroups * kGroup * (kHeadDim + 1));
+  extern __shared__ __align__(128) unsigned char sm_ring[];  // [kWarps][kStages][K, V][kT][kHeadDim] bf16, swizzled
+
+  // The combine (launched as a programmatic dependent) may take its SM slots now: it waits for this grid's
+  // completion before reading anything, and all of this grid's blocks are resident by the time it starts.
+  decode_ptx::launch_dependents();
 
   const int group_size = p.num_q_heads / p.num_kv_heads;
-  const int head_groups = (group_size + kGroup - 1) / kGroup;
+  const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
   const int kvh = int(blockIdx.x) / head_groups;
-  const int g0 = (int(blockIdx.x) % head_groups) * kGroup;  // first head of this block within the kv head's group
+  const int g0 = (int(blockIdx.x) % head_groups) * kMaxGroup;  // first head of this block within the group
+  const int heads = min(kMaxGroup, group_size - g0);          // q heads this block serves
   const int b = blockIdx.y;
   const int split = blockIdx.z;
   const int tid = threadIdx.x;
-  const int tg = tid / kLanes;         // lane group
-  const int d0 = (tid % kLanes) * 8;   // this lane's first dim
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int gq = lane / 4;        // mma group: row of A / C, column of B
+  const int cq = 2 * (lane % 4);  // mma column pair
 
   int kv_len = p.max_kv_len;
   if (p.kv_lens_ptr != nullptr) kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
@@ -122,204 +245,265 @@ __global__ void __launch_bounds__(kDecodeThreads, kGroup <= 4 ? 4 : 2)
   const int start = int(min(start64, int64_t(kv_len)));
   const int end = int(min(start64 + p.split_len, int64_t(kv_len)));
 
-  // q, pre-scaled into the exp2 domain: scores come out as scale * log2(e) * q.k.
-  float q[kGroup][8];
+  // Q as the A fragment of S = Q K^T: {Q[g][16 ks + c..c+1], Q[g][16 ks + 8 + c..c+9]} (rows 8..15 are zero).
+  uint32_t qa[kKS][2];  // (kKS, 2) bf16x2
+  if (gq < heads) {
+    const int qh = kvh * group_size + g0 + gq;
+    const uint32_t* qrow = reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(p.q_ptr) +
+                                                             (int64_t(b) * p.q_batch_stride + int64_t(qh) * p.q_head_stride));
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    const int gh = g0 + g;
-    if (gh < group_size) {
-      const int qh = kvh * group_size + gh;
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.q_ptr) +
-                                                             (int64_t(b) * p.q_batch_stride +
-                                                              int64_t(qh) * p.q_head_stride + d0)));
-      unpack8(raw, q[g]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) q[g][i] *= p.scale_log2;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) q[g][i] = 0.f;
+    for (int ks = 0; ks < kKS; ++ks) {
+      qa[ks][0] = __ldg(qrow + 8 * ks + cq / 2);
+      qa[ks][1] = __ldg(qrow + 8 * ks + 4 + cq / 2);
     }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) qa[ks][0] = qa[ks][1] = 0u;
   }
 
-  float m[kGroup], l[kGroup], acc[kGroup][8];  // online softmax state of this lane group, per head
+  // Online softmax state of head g (quad-uniform m, per-lane partial l) and O^T[dims][heads c, c+1].
+  float m_run = neg_inf(), l_run = 0.f;
+  float o[kMT][4];  // (kMT, 4): O^T[16 mt + g][c], [16 mt + g][c + 1], [16 mt + g + 8][c], [16 mt + g + 8][c + 1]
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    m[g] = neg_inf();
-    l[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
-  }
+  for (int mt = 0; mt < kMT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
-  const bf16* k_base = static_cast<const bf16*>(p.k_ptr) + (int64_t(kvh) * p.k_head_stride + d0);
-  const bf16* v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(kvh) * p.v_head_stride + d0);
+  const int tiles = end > start ? (end - start + kT - 1) / kT : 0;
+  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
+
+  const int chunk = lane % kChunks;
+  const int row0 = lane / kChunks;
+  const bf16* k_head = static_cast<const bf16*>(p.k_ptr) + (int64_t(kvh) * p.k_head_stride + chunk * 8);
+  const bf16* v_head = static_cast<const bf16*>(p.v_ptr) + (int64_t(kvh) * p.v_head_stride + chunk * 8);
   const uint8_t* mask_row = p.mask_ptr == nullptr ? nullptr : p.mask_ptr + int64_t(b) * p.mask_batch_stride;
+  unsigned char* warp_ring = sm_ring + warp * (kStages * Traits::kStageBytes);
 
-  // Starts the copies of step `step` (keys base + j * kTokenGroups + tg) into ring slot `slot`; returns
-  // the keep bits of its kKeys keys. Dropped keys copy nothing. Always commits one group (maybe empty).
-  auto issue = [&](int step, int slot) -> uint32_t {
-    uint32_t bits = 0;
-    const int base = start + step * kStep;
-    uint4* dst = &sm_ring[slot * (kKeys * 2 * kDecodeThreads) + tid];
+  // Starts the copies of this warp's local tile `i` into ring slot `slot` and returns its keep bits (bit r:
+  // key r of the tile). Lane r < kT decides key r (mask byte, page id); the copying lanes read the page ids
+  // with shuffles, so the table is read once per key. Dropped keys get zeros (no copy), so no stale or
+  // uninitialized bytes ever reach the mma. Always commits one group.
+  auto issue = [&](int i, int slot) -> uint32_t {
+    const int tb = start + (warp + i * kWarps) * kT;  // first key of the tile
+    const int t = tb + lane;
+    bool keep = lane < kT && t < end;
+    if (keep && mask_row != nullptr) keep = t < p.mask_len && mask_row[t] != 0;
+    int page = 0;
+    if constexpr (kPaged) {
+      if (keep) {
+        page = __ldg(p.page_table_ptr + int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2));
+        keep = page >= 0 && page < p.num_pages;
+      }
+    }
+    const uint32_t bits = __ballot_sync(0xffffffffu, keep);
+    unsigned char* dst_k = warp_ring + slot * Traits::kStageBytes;
+    unsigned char* dst_v = dst_k + Traits::kTileBytes;
+    // Contiguous: rows advance by a fixed stride; paged: each row's page id comes from lane r.
+    const bf16* k_src = k_head;
+    const bf16* v_src = v_head;
+    if constexpr (!kPaged) {
+      k_src += int64_t(b) * p.k_batch_stride + int64_t(tb + row0) * p.k_seq_stride;
+      v_src += int64_t(b) * p.v_batch_stride + int64_t(tb + row0) * p.v_seq_stride;
+    }
 #pragma unroll
-    for (int j = 0; j < kKeys; ++j) {
-      const int t = base + j * kTokenGroups + tg;
-      bool ok = t < end;
-      if (ok && mask_row != nullptr) ok = t < p.mask_len && mask_row[t] != 0;
-      int64_t k_off = 0, v_off = 0;
-      if (ok) ok = KvSource<kPaged>::locate(p, b, t, k_off, v_off);
-      if (ok) {
-        cp_async16(dst + (2 * j) * kDecodeThreads, k_base + k_off);
-        cp_async16(dst + (2 * j + 1) * kDecodeThreads, v_base + v_off);
-        bits |= 1u << j;
+    for (int j = 0; j < Traits::kCopies; ++j) {
+      const int r = row0 + j * Traits::kRowStep;
+      const bf16* k_at = k_src;
+      const bf16* v_at = v_src;
+      if constexpr (kPaged) {
+        const int pg = __shfl_sync(0xffffffffu, page, r);
+        const int in_page = (tb + r) & ((1 << p.page_size_log2) - 1);
+        k_at += int64_t(pg) * p.k_batch_stride + int64_t(in_page) * p.k_seq_stride;
+        v_at += int64_t(pg) * p.v_batch_stride + int64_t(in_page) * p.v_seq_stride;
+      } else {
+        k_src += Traits::kRowStep * p.k_seq_stride;
+        v_src += Traits::kRowStep * p.v_seq_stride;
+      }
+      const int at = (r * kChunks + (chunk ^ (r & 7))) * 16;
+      if ((bits >> r) & 1u) {
+        cp_async16(dst_k + at, k_at);
+        cp_async16(dst_v + at, v_at);
+      } else {
+        *reinterpret_cast<uint4*>(dst_k + at) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(dst_v + at) = make_uint4(0u, 0u, 0u, 0u);
       }
     }
     cp_async_commit();
     return bits;
   };
 
-  // keep bits of the steps in flight: ring slot r holds bits [r * kKeys, (r + 1) * kKeys).
-  constexpr uint32_t kKeyBits = (1u << kKeys) - 1u;
-  uint32_t keep_ring = 0;
-  const int steps = end > start ? (end - start + kStep - 1) / kStep : 0;
+  // keep[j]: bits of local tile i + j while tile i is computed, a shift register (static indices only, so it
+  // stays in registers). Each step shifts it and issues the newest tile; the prologue issues kStages - 1.
+  uint32_t keep[kStages];
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    const uint32_t bits = st < steps ? issue(st, st) : (cp_async_commit(), 0u);
-    keep_ring |= bits << (st * kKeys);
-  }
+  for (int st = 0; st < kStages; ++st) keep[st] = 0u;
+  auto shift_and_issue = [&](int i, int slot) {
+#pragma unroll
+    for (int st = 0; st + 1 < kStages; ++st) keep[st] = keep[st + 1];
+    keep[kStages - 1] = i < my_tiles ? issue(i, slot) : (cp_async_commit(), 0u);
+  };
+#pragma unroll 1
+  for (int st = 0; st < kStages - 1; ++st) shift_and_issue(st, st);
 
-  // Block-uniform loop: every lane reaches every shuffle. Step `step` is read from slot step % kStages;
-  // before computing it, step + kStages - 1 is started into the slot step - 1 freed (this thread's own).
+  const float scale_log2 = p.scale_log2;
   int slot = 0;
-  for (int step = 0; step < steps; ++step) {
-    {
-      const int ahead = step + kStages - 1;
-      const int ahead_slot = slot == 0 ? kStages - 1 : slot - 1;
-      const uint32_t bits = ahead < steps ? issue(ahead, ahead_slot) : (cp_async_commit(), 0u);
-      keep_ring = (keep_ring & ~(kKeyBits << (ahead_slot * kKeys))) | (bits << (ahead_slot * kKeys));
-    }
-    cp_async_wait<kStages - 1>();  // this thread's copies of `step` have landed
-
-    uint4 kr[kKeys], vr[kKeys];  // (kKeys,) raw 16-byte runs of K and V
-    bool keep[kKeys];
-    const uint4* src = &sm_ring[slot * (kKeys * 2 * kDecodeThreads) + tid];
-#pragma unroll
-    for (int j = 0; j < kKeys; ++j) {
-      keep[j] = (keep_ring >> (slot * kKeys + j)) & 1u;
-      if (keep[j]) {
-        kr[j] = src[(2 * j) * kDecodeThreads];
-        vr[j] = src[(2 * j + 1) * kDecodeThreads];
-      } else {
-        kr[j] = make_uint4(0, 0, 0, 0);
-        vr[j] = make_uint4(0, 0, 0, 0);
-      }
-    }
+  for (int i = 0; i < my_tiles; ++i) {
+    __syncwarp();  // every lane is done reading the slot refilled below (tile i - 1's)
+    shift_and_issue(i + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // ... and every other lane's (and their zero fills)
+    const uint32_t bits = keep[0];
+    const uint32_t k_smem = decode_ptx::smem_u32(warp_ring + slot * Traits::kStageBytes);
+    const uint32_t v_smem = k_smem + Traits::kTileBytes;
     slot = slot + 1 == kStages ? 0 : slot + 1;
 
-    float s[kKeys][kGroup];  // scores, exp2 domain
+    // S = Q K^T: s[nt] = {S[g][8 nt + c], S[g][8 nt + c + 1], (rows 8..15: 0, 0)}
+    float s[kNT][4];  // (kNT, 4)
 #pragma unroll
-    for (int j = 0; j < kKeys; ++j) {
-      float kf[8];
-      unpack8(kr[j], kf);
+    for (int nt = 0; nt < kNT; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      const int row = 8 * nt + (lane & 7);
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        float dot = q[g][0] * kf[0];
-#pragma unroll
-        for (int i = 1; i < 8; ++i) dot = fmaf(q[g][i], kf[i], dot);
-        s[j][g] = dot;
+      for (int q4 = 0; q4 < kHeadDim / 32; ++q4) {
+        uint32_t kb[4];  // chunks 4 q4 .. 4 q4 + 3 of keys 8 nt .. 8 nt + 7: B fragments of k-steps 2 q4, 2 q4 + 1
+        const int ch = 4 * q4 + (lane >> 3);
+        decode_ptx::ldmatrix_x4(kb, k_smem + (row * kChunks + (ch ^ (lane & 7))) * 16);
+        decode_ptx::mma_16816(s[nt], qa[2 * q4][0], 0u, qa[2 * q4][1], 0u, kb[0], kb[1]);
+        decode_ptx::mma_16816(s[nt], qa[2 * q4 + 1][0], 0u, qa[2 * q4 + 1][1], 0u, kb[2], kb[3]);
       }
     }
-    // Xor butterfly inside each lane group: every lane ends with the same, complete sums (a + b == b + a).
+
+    // Online softmax of head g over the tile (exp2 domain); dropped keys score -inf.
+    float mx = m_run;
 #pragma unroll
-    for (int off = kLanes / 2; off >= 1; off /= 2) {
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int j = 0; j < kKeys; ++j)
+      for (int e = 0; e < 2; ++e) {
+        const float v = ((bits >> (8 * nt + cq + e)) & 1u) ? s[nt][e] * scale_log2 : neg_inf();
+        s[nt][e] = v;
+        mx = fmaxf(mx, v);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // Rescale only when some head's max grew (rare after the first tiles); m_run == -inf gives alpha 0.
+    if (__any_sync(0xffffffffu, mx > m_run)) {
+      const float alpha = mx > m_run ? decode_ptx::exp2_approx(m_run - mx) : 1.f;
+      l_run *= alpha;
+      // This lane's O^T columns are heads c and c + 1, whose states live in quads c and c + 1.
+      const float alpha_lo = __shfl_sync(0xffffffffu, alpha, 4 * cq);
+      const float alpha_hi = __shfl_sync(0xffffffffu, alpha, 4 * cq + 4);
 #pragma unroll
-        for (int g = 0; g < kGroup; ++g) s[j][g] += __shfl_xor_sync(0xffffffffu, s[j][g], off);
+      for (int mt = 0; mt < kMT; ++mt) {
+        o[mt][0] *= alpha_lo;
+        o[mt][1] *= alpha_hi;
+        o[mt][2] *= alpha_lo;
+        o[mt][3] *= alpha_hi;
+      }
+      m_run = mx;
+    }
+    const float base = m_run == neg_inf() ? 0.f : m_run;  // no key kept yet: every p is exp2(-inf) = 0
+
+    // P as the B fragment of O^T += V^T P^T: {P[g][16 kk + c..c+1], P[g][16 kk + 8 + c..c+9]}.
+    uint32_t ph[kKK][2], pl[kKK][2];  // (kKK, 2) bf16x2: P's bf16 rounding and (kSplitP) the remainder
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float p0 = decode_ptx::exp2_approx(s[nt][0] - base);
+      const float p1 = decode_ptx::exp2_approx(s[nt][1] - base);
+      l_run += p0 + p1;
+      const uint32_t hi = pack_bf16x2(p0, p1);
+      ph[nt / 2][nt % 2] = hi;
+      pl[nt / 2][nt % 2] = Tile::kSplitP ? pack_bf16x2(p0 - bf16_lo(hi), p1 - bf16_hi(hi)) : 0u;
     }
 
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      float m_new = m[g];
+    for (int kk = 0; kk < kKK; ++kk) {
+      const int row = 16 * kk + 8 * (lane >> 4) + (lane & 7);
 #pragma unroll
-      for (int j = 0; j < kKeys; ++j) {
-        if (!keep[j]) s[j][g] = neg_inf();
-        m_new = fmaxf(m_new, s[j][g]);
-      }
-      if (m_new == neg_inf()) continue;  // nothing kept yet: the state stays empty
-      // Rescale only when the max grew: with m_new == m the factor would be exp2(0) == 1 (a no-op), and
-      // after the first keys the max rarely moves, so this saves the exp2 and G * 9 multiplies per step.
-      if (m_new > m[g]) {
-        const float alpha = exp2f(m[g] - m_new);  // 0 when m was -inf
-        l[g] *= alpha;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
-        m[g] = m_new;
-      }
-#pragma unroll
-      for (int j = 0; j < kKeys; ++j) {
-        const float pj = exp2f(s[j][g] - m_new);  // 0 for dropped keys
-        l[g] += pj;
-        float vf[8];
-        unpack8(vr[j], vf);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pj, vf[i], acc[g][i]);
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t va[4];  // V^T[16 mt .. 16 mt + 15][16 kk .. 16 kk + 15] as the A fragment
+        const int ch = 2 * mt + ((lane >> 3) & 1);
+        decode_ptx::ldmatrix_x4_trans(va, v_smem + (row * kChunks + (ch ^ (lane & 7))) * 16);
+        decode_ptx::mma_16816(o[mt], va[0], va[1], va[2], va[3], ph[kk][0], ph[kk][1]);
+        if constexpr (Tile::kSplitP) decode_ptx::mma_16816(o[mt], va[0], va[1], va[2], va[3], pl[kk][0], pl[kk][1]);
       }
     }
   }
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
 
-  // Merge the lane groups' states in a fixed order (deterministic), then normalize. The states overwrite
-  // the ring: every thread's copies are done (only empty groups can be pending) and read.
+  // Merge the warps' states in a fixed order (deterministic), then normalize. The states overwrite the
+  // ring: every copy has landed (only empty groups can be pending) and been read.
   cp_async_wait<0>();
   __syncthreads();
-  if (tid % kLanes == 0) {
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      sm_m[tg][g] = m[g];
-      sm_l[tg][g] = l[g];
-    }
+  float* sm_o = reinterpret_cast<float*>(sm_ring);  // [kWarps][kMaxGroup][kHeadDim]
+  float* sm_m = sm_o + kWarps * kMaxGroup * kHeadDim;  // [kWarps][kMaxGroup]
+  float* sm_l = sm_m + kWarps * kMaxGroup;             // [kWarps][kMaxGroup]
+  if ((lane & 3) == 0) {
+    sm_m[warp * kMaxGroup + gq] = m_run;
+    sm_l[warp * kMaxGroup + gq] = l_run;
   }
+  {
+    float* ow = sm_o + warp * (kMaxGroup * kHeadDim);
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    float4* dst = reinterpret_cast<float4*>(&sm_o[tg][g][d0]);
-    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+    for (int mt = 0; mt < kMT; ++mt) {
+      ow[cq * kHeadDim + 16 * mt + gq] = o[mt][0];
+      ow[(cq + 1) * kHeadDim + 16 * mt + gq] = o[mt][1];
+      ow[cq * kHeadDim + 16 * mt + gq + 8] = o[mt][2];
+      ow[(cq + 1) * kHeadDim + 16 * mt + gq + 8] = o[mt][3];
+    }
   }
   __syncthreads();
 
-  for (int item = tid; item < kGroup * kLanes; item += kDecodeThreads) {
-    const int g = item / kLanes;
-    const int c = (item % kLanes) * 8;
-    const int gh = g0 + g;
-    if (gh >= group_size) continue;
+  for (int item = tid; item < heads * kChunks; item += Traits::kThreads) {
+    const int g = item / kChunks;
+    const int c = (item % kChunks) * 8;
     float mx = neg_inf();
 #pragma unroll
-    for (int t = 0; t < kTokenGroups; ++t) mx = fmaxf(mx, sm_m[t][g]);
-    float sum = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm_m[w * kMaxGroup + g]);
+    float sum = 0.f, out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (mx != neg_inf()) {
 #pragma unroll
-      for (int t = 0; t < kTokenGroups; ++t) {
-        const float w = exp2f(sm_m[t][g] - mx);  // 0 for an empty lane group
-        sum = fmaf(sm_l[t][g], w, sum);
-        const float4 a = *reinterpret_cast<const float4*>(&sm_o[t][g][c]);
-        const float4 bb = *reinterpret_cast<const float4*>(&sm_o[t][g][c + 4]);
-        o[0] = fmaf(a.x, w, o[0]); o[1] = fmaf(a.y, w, o[1]); o[2] = fmaf(a.z, w, o[2]); o[3] = fmaf(a.w, w, o[3]);
-        o[4] = fmaf(bb.x, w, o[4]); o[5] = fmaf(bb.y, w, o[5]); o[6] = fmaf(bb.z, w, o[6]); o[7] = fmaf(bb.w, w, o[7]);
+      for (int w = 0; w < kWarps; ++w) {
+        const float wt = decode_ptx::exp2_approx(sm_m[w * kMaxGroup + g] - mx);  // 0 for an empty warp
+        sum = fmaf(sm_l[w * kMaxGroup + g], wt, sum);
+        const float4 a = *reinterpret_cast<const float4*>(&sm_o[(w * kMaxGroup + g) * kHeadDim + c]);
+        const float4 bb = *reinterpret_cast<const float4*>(&sm_o[(w * kMaxGroup + g) * kHeadDim + c + 4]);
+        out[0] = fmaf(a.x, wt, out[0]); out[1] = fmaf(a.y, wt, out[1]);
+        out[2] = fmaf(a.z, wt, out[2]); out[3] = fmaf(a.w, wt, out[3]);
+        out[4] = fmaf(bb.x, wt, out[4]); out[5] = fmaf(bb.y, wt, out[5]);
+        out[6] = fmaf(bb.z, wt, out[6]); out[7] = fmaf(bb.w, wt, out[7]);
       }
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] *= inv;
-    const int qh = kvh * group_size + gh;
+    for (int e = 0; e < 8; ++e) out[e] *= inv;
+    const int qh = kvh * group_size + g0 + g;
     if (p.num_splits == 1) {
       const int64_t at = int64_t(b) * p.out_batch_stride + int64_t(qh) * p.out_head_stride + c;
-      store8_bf16(static_cast<bf16*>(p.out_ptr) + at, o);
+      store8_bf16(static_cast<bf16*>(p.out_ptr) + at, out);
     } else {
       const int64_t row = (int64_t(split) * p.batch + b) * p.num_q_heads + qh;
       float4* dst = reinterpret_cast<float4*>(p.partial_o_ptr + row * kHeadDim + c);
-      dst[0] = make_float4(o[0], o[1], o[2], o[3]);
-      dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+      dst[0] = make_float4(out[0], out[1], out[2], out[3]);
+      dst[1] = make_float4(out[4], out[5], out[6], out[7]);
       if (c == 0) p.partial_lse_ptr[row] = sum > 0.f ? mx + log2f(sum) : neg_inf();
     }
+  }
+
+  // Fused merge: release (each thread fences its partial stores, then one arrival per block), the counter's
+  // last value elects the merger and atomicInc's wrap leaves the counter zero for the next launch; acquire
+  // (fence after observing the count, then the barrier) before the merger reads the others' partials.
+  if (p.num_splits > 1 && p.split_counters_ptr != nullptr) {
+    __shared__ int sm_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      unsigned int* counter =
+          reinterpret_cast<unsigned int*>(p.split_counters_ptr) + (int64_t(b) * gridDim.x + blockIdx.x);
+      const unsigned int last = unsigned(p.num_splits - 1);
+      sm_last = atomicInc(counter, last) == last;
+      __threadfence();
+    }
+    __syncthreads();  // also: every thread is done with the epilogue's shared memory
+    if (sm_last) decode_merge_splits<kHeadDim, Tile>(p, sm_ring, b, kvh * group_size + g0, heads);
   }
 }
 

@@ -1,4 +1,4 @@
-// Decode instantiations for head_dim 64 (q heads per block 1, 2, 4, 8; contiguous and paged KV).
+// Decode instantiations for head_dim 64 (contiguous and paged KV, the production tile).
 #include "kernels/attention/decode_launch.cuh"
 
 namespace astrai {

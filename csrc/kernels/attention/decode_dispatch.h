@@ -5,10 +5,27 @@
 
 #include "kernels/attention/params.h"
 
+// Decode build knobs (-D...), here so that the launcher and the standalone test agree on them.
+// 1: split plans merge in the decode kernel (the last split block of a (b, kv head)), 0: a combine kernel.
+// Off: on the H200 the fused merge (one block pulling every split's partials, plus the counters' memset) was
+// slower than the combine kernel at B = 1 (sweep, 2026-11-29: 16.9 vs 11.4 µs at L = 4096, 49.6 vs 39.7 µs at
+// 32768) and level at B = 16. With it off the op allocates no counters (split_counters_ptr stays null).
+#ifndef ASTRAI_DECODE_FUSED_MERGE
+#define ASTRAI_DECODE_FUSED_MERGE 0
+#endif
+// Two-kernel path only. 1: the combine launches as a programmatic dependent of the decode kernel (sm_90+ code
+// only), 0: never. Off: mixed on the H200 (sweeps of 2026-11-29): +3.5 µs at B = 1, L = 4096 with 64 splits,
+// -0.7 µs there with 32 splits, +0.7 µs at B = 16.
+#ifndef ASTRAI_DECODE_PDL
+#define ASTRAI_DECODE_PDL 0
+#endif
+
 namespace astrai {
 namespace attention {
 
-// Launches decode_split_kv_kernel<kHeadDim, G, paged> for params already checked by the launcher.
+// Launches decode_split_kv_kernel<kHeadDim, paged, DecodeDefaultTile<kHeadDim>> for params already checked
+// by the launcher (with num_splits > 1: the zeroed counters of the fused merge, or the combine, are the
+// caller's).
 template <int kHeadDim>
 cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream);
 

@@ -1,33 +1,44 @@
-// Internal: the body of the per-head_dim decode launchers (included once by each decode_bf16_hd*.cu).
+// Internal: the body of the per-head_dim decode launchers (included once by each decode_bf16_hd*.cu, and by
+// the decode sweep, which instantiates other tiles).
 #pragma once
 
+#include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
 #include "kernels/attention/decode_dispatch.h"
 
 namespace astrai {
 namespace attention {
 
-template <int kHeadDim, int kGroup>
-cudaError_t launch_group(const DecodeParams& p, cudaStream_t stream) {
+// Launches decode_split_kv_kernel<kHeadDim, paged, Tile> for params already checked. With split_counters_ptr
+// (fused merge) the counters must be zero: the caller's memset, or left zero by a previous launch.
+template <int kHeadDim, class Tile>
+cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream) {
+  using Traits = DecodeTraits<kHeadDim, Tile>;
   const int group_size = p.num_q_heads / p.num_kv_heads;
-  const int head_groups = (group_size + kGroup - 1) / kGroup;
-  const dim3 grid(unsigned(p.num_kv_heads * head_groups), unsigned(p.batch), unsigned(p.num_splits));
-  if (p.paged) {
-    decode_split_kv_kernel<kHeadDim, kGroup, true><<<grid, kDecodeThreads, 0, stream>>>(p);
-  } else {
-    decode_split_kv_kernel<kHeadDim, kGroup, false><<<grid, kDecodeThreads, 0, stream>>>(p);
+  const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
+  if (p.num_splits > 1 && p.split_counters_ptr != nullptr &&
+      !Traits::merge_fits(p.num_splits, group_size < kMaxGroup ? group_size : kMaxGroup)) {
+    return cudaErrorInvalidValue;
   }
+  const dim3 grid(unsigned(p.num_kv_heads * head_groups), unsigned(p.batch), unsigned(p.num_splits));
+  auto kernel = p.paged ? decode_split_kv_kernel<kHeadDim, true, Tile> : decode_split_kv_kernel<kHeadDim, false, Tile>;
+  // The 48 KB default limit counts static shared memory too (the kernel's few reduction words): a 48 KB ring
+  // already needs the opt-in. Per call: the attribute is per device, and the call costs no GPU time.
+  if constexpr (Traits::kSmemBytes + 1024 > 48 * 1024) {
+    const cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    if (status != cudaSuccess) return status;
+  }
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <int kHeadDim>
 cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream) {
-  // Heads per block: the group size rounded up to a power of two, at most kMaxGroup.
-  const int group_size = p.num_q_heads / p.num_kv_heads;
-  if (group_size <= 1) return launch_group<kHeadDim, 1>(p, stream);
-  if (group_size <= 2) return launch_group<kHeadDim, 2>(p, stream);
-  if (group_size <= 4) return launch_group<kHeadDim, 4>(p, stream);
-  return launch_group<kHeadDim, 8>(p, stream);
+  using Tile = typename DecodeDefaultTile<kHeadDim>::type;
+  static_assert(DecodeTraits<kHeadDim, Tile>::merge_fits(kDecodeMaxSplits, kMaxGroup),
+                "the production tile fuses the merge of every plan");
+  return launch_decode_tile<kHeadDim, Tile>(p, stream);
 }
 
 }  // namespace attention

@@ -179,6 +179,19 @@ def test_empty_batch_and_zero_lengths():
     assert torch.equal(out, torch.zeros_like(out))
 
 
+def test_paged_decode_with_an_empty_mask_keeps_nothing():
+    """A [B, 0] mask drops every key (keys at or past the mask's width are dropped): zeros, even though an empty
+    tensor's data pointer may be null (which must not read as "no mask")."""
+    q, k, v = rand_bf16(2, 8, 128), rand_bf16(2, 40, 2, 128), rand_bf16(2, 40, 2, 128)
+    lens = lens_tensor([40, 17])
+    k_cache, v_cache, table = make_paged(k, v, lens, 16)
+    out = ops.attn_paged_decode(q, k_cache, v_cache, table, lens, mask=torch.ones(2, 0, dtype=torch.bool,
+                                                                                   device=DEVICE))
+    assert torch.equal(out, torch.zeros_like(out))
+    kept = ops.attn_paged_decode(q, k_cache, v_cache, table, lens)  # control: without the mask, not zeros
+    assert bool(kept.abs().sum() > 0)
+
+
 def test_non_contiguous_views():
     qkv = rand_bf16(3, 48, 128)                      # q heads 0..31 of a fused projection
     kv = rand_bf16(3, 300, 2, 8, 128)                # K and V interleaved in one buffer
@@ -265,13 +278,13 @@ def test_batch_invariance_with_fixed_split(paged, split):
 
 
 def test_batch_invariance_auto_when_the_plan_is_the_same():
-    """Automatic split: B = 1 and B = 2 at L = 2048 both hit the minimum split length (128 keys), so their
-    plans are equal and the outputs agree bitwise; a different plan may differ in the last bits."""
-    length = 2048
-    q, k, v = rand_bf16(2, 32, 128), rand_bf16(2, length, 8, 128), rand_bf16(2, length, 8, 128)
+    """Automatic split: B = 64 and B = 128 at L = 512 both get one split (the planner fills the GPU with
+    sequences), so each sequence's output agrees bitwise; a different plan may differ in the last bits."""
+    length = 512
+    q, k, v = rand_bf16(128, 32, 128), rand_bf16(128, length, 8, 128), rand_bf16(128, length, 8, 128)
     both = ops.attn_decode(q, k, v)
-    one = ops.attn_decode(q[:1], k[:1], v[:1])
-    assert_bitwise_equal(one, both[:1], "auto plan, B=1 vs B=2")
+    half = ops.attn_decode(q[:64], k[:64], v[:64])
+    assert_bitwise_equal(half, both[:64], "auto plan, B=64 vs B=128")
 
 
 # --- append and the cache -------------------------------------------------------------------------------------
@@ -331,18 +344,20 @@ def test_paged_cache_flow_matches_contiguous():
 
 # --- the public policy on CUDA --------------------------------------------------------------------------------
 
-def test_public_api_uses_the_kernels_for_decode_and_falls_back_for_prefill():
+def test_public_api_uses_the_kernels_for_decode_and_prefill():
     q, k, v = rand_bf16(2, 1, 32, 128), rand_bf16(2, 500, 8, 128), rand_bf16(2, 500, 8, 128)
     call = backend._canonical(q, k, v, None, None, None, False, None, None, None)
     assert backend.select_backend(call).name == "cuda"
     assert_bitwise_equal(attention(q, k, v), ops.attn_decode(q, k, v), "public decode vs op")
     q_pre = rand_bf16(2, 7, 32, 128)
+    call = backend._canonical(q_pre, k, v, None, None, None, True, None, None, None)
+    assert backend.select_backend(call).name == "cuda"  # prefill: the kernels too (tests/gpu/.../test_prefill_gpu.py)
     with torch.no_grad():
-        out = attention(q_pre, k, v, is_causal=True)  # prefill: flash or torch
+        out = attention(q_pre, k, v, is_causal=True)
     truth = ref.attention(q_pre, k, v, is_causal=True)
     assert (out.double() - truth).abs().max() < 0.05
-    with attn_backend("cuda"), pytest.raises(ValueError, match="prefill kernels are not built yet"):
-        attention(q_pre, k, v)
+    with attn_backend("cuda"):
+        assert_bitwise_equal(attention(q_pre, k, v, is_causal=True), out, "explicit cuda vs auto")
 
 
 def test_training_call_never_uses_the_kernels():

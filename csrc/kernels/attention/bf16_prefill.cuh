@@ -1,0 +1,501 @@
+// GQA prefill on bf16 tensor cores (mma.sync m16n8k16, fp32 online softmax), FlashAttention-2 style, templated on
+// the Q schedule (dense / ragged) and the KV source (contiguous / paged).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+
+#include "kernels/attention/async_copy.cuh"
+#include "kernels/attention/mma_bf16_sm80.cuh"
+#include "kernels/attention/params.h"
+#include "kernels/attention/prefill_schedule.h"
+
+#ifndef ASTRAI_PREFILL_HD128_SUBN
+#define ASTRAI_PREFILL_HD128_SUBN 32
+#endif
+
+namespace astrai {
+namespace attention {
+
+// Block shapes per head_dim. A block holds BM packed (row, head) pairs of one kv head: 4 warps of kMTiles m16
+// tiles each; K and V stream through shared memory in tiles of BN keys, double-buffered with cp.async.
+//   D = 64:  BM 128 (4 warps x 32 rows), BN 64: 16 KB Q + 2 x 16 KB K/V                 =  48.8 KB
+//   D = 128: BM 128 (4 warps x 32 rows), BN 64: 32 KB Q + 2 x 32 KB K/V                 =  96.8 KB
+//   D = 256: BM  64 (4 warps x 16 rows), BN 32: 32 KB Q + 2 x 32 KB K/V                 =  96.4 KB
+// Every shape fits the 99 KB a block may use on sm_89 and sm_120a, so one configuration serves every image
+// (sm_80 and sm_90a could take more stages; two already overlap one tile's loads with the previous tile's
+// math). 32 rows per warp (two m16 tiles sharing each K/V fragment) halve the shared-memory reads per mma
+// against 16 rows per warp: at 16 rows the ldmatrix traffic, not the tensor cores, would bound the loop.
+// Q stays in shared memory and is re-read by ldmatrix per k-step, as in FlashAttention-2: a warp's 32 x 128 Q
+// fragments would take 64 registers that the 128 fp32 accumulators of O (D = 128) and those of S leave no room
+// for under the 255-register cap; the re-read costs 16 of the 80 ldmatrix per 64-key tile and warp.
+template <int kHeadDim>
+struct PrefillTraits {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "prefill supports head_dim 64, 128, 256");
+  static constexpr int kThreads = kPrefillThreads;
+  static constexpr int kWarps = kPrefillWarps;
+  static constexpr int kBM = prefill_block_rows(kHeadDim);           // packed rows per block
+  static constexpr int kMTiles = kBM / (16 * kWarps);                // m16 tiles per warp
+  static constexpr int kWarpRows = 16 * kMTiles;                     // packed rows per warp
+  static constexpr int kBN = kHeadDim == 256 ? 32 : 64;              // keys per K/V tile
+  static constexpr int kStages = 2;                                  // K/V tiles in flight
+  static constexpr int kChunks = kHeadDim / 8;                       // 16-byte chunks per row
+  // Keys per softmax step: a 64-key tile of D = 128 is computed in two halves, so that the S accumulators take
+  // 32 registers next to O's 128 (at 64 the transient peak of S, fragments and O passes 255 and ptxas spills
+  // ~130 bytes; the halves cost 16 more Q ldmatrix per tile and warp instead). ASTRAI_PREFILL_HD128_SUBN=64
+  // builds the other trade-off for measurement.
+  static constexpr int kSubN = kHeadDim == 128 ? ASTRAI_PREFILL_HD128_SUBN : kBN;
+  static_assert(kBN % kSubN == 0 && kSubN % 16 == 0, "softmax steps split a K/V tile into 16-key blocks");
+  static constexpr int kSTiles = kSubN / 8;                          // n8 tiles of S per m16 tile
+  static constexpr int kOTiles = kHeadDim / 8;                       // n8 tiles of O per m16 tile
+  static constexpr int kRowsPerPass = kThreads / kChunks;            // rows one 16-byte load per thread covers
+  static constexpr int kPageSlots = 3;                               // page-id rows: tiles j, j + 1, j + 2
+  static constexpr int kQChunks = kBM * kChunks;                     // sQ: (BM, D) in 16-byte chunks
+  static constexpr int kTileChunks = kBN * kChunks;                  // one K or V tile: (BN, D)
+  static constexpr int kSmemBytes = (kQChunks + kStages * 2 * kTileChunks) * 16 + kPageSlots * kBN * 4;
+  static_assert(kSmemBytes <= 99 * 1024, "a prefill block must fit the 99 KB of sm_89 / sm_120a");
+  static_assert(kMTiles >= 1 && kBN % 16 == 0 && kBN <= kThreads, "tile shape");
+  static_assert(kBN % kRowsPerPass == 0 && kBM % kRowsPerPass == 0, "loads cover whole tiles");
+  static_assert(kRowsPerPass % 4 == 0, "the load swizzle offsets assume rows step by a multiple of 4");
+};
+
+__device__ __forceinline__ float prefill_neg_inf() { return __int_as_float(0xff800000u); }
+
+// Where a block's Q tile lies: computed at the start and again for the epilogue (recomputing is cheaper than
+// holding these registers across the K/V loop, where the accumulators need them).
+struct QTile {
+  int b;        // sequence; -1: idle block
+  int row0;     // first row of the tile within the sequence
+  int q_len;    // rows of the sequence
+  int seq_lo;   // ragged: first row of the sequence in the packed tensor; dense: 0
+  int kvh;      // kv head
+  int qh0;      // first q head of the block
+  int hb_log2;  // log2(HB): q heads packed per block
+  int rows_log2;  // log2(BM / HB): sequence rows per tile
+};
+
+template <int kBM, bool kRaggedQ>
+__device__ __forceinline__ QTile locate_q_tile(const PrefillParams& p) {
+  QTile t;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  t.hb_log2 = prefill_heads_log2(group);
+  t.rows_log2 = ilog2_exact(kBM) - t.hb_log2;
+  const int groups_per_kv = group >> t.hb_log2;
+  const unsigned head_blocks = unsigned(p.num_kv_heads * groups_per_kv);
+  const int head_block = int(blockIdx.x % head_blocks);
+  const int tile = int(blockIdx.x / head_blocks);
+  t.kvh = head_block / groups_per_kv;
+  t.qh0 = t.kvh * group + ((head_block % groups_per_kv) << t.hb_log2);
+  if constexpr (kRaggedQ) {
+    t.b = p.q_tile_to_batch[tile];
+    t.row0 = p.q_tile_to_index[tile];
+    if (t.b < 0 || t.b >= p.batch) {
+      t.b = -1;
+      return t;
+    }
+    const RowRange rows = clamp_indptr(__ldg(p.qo_indptr_ptr + t.b), __ldg(p.qo_indptr_ptr + t.b + 1), p.q_len);
+    t.q_len = rows.len;
+    t.seq_lo = rows.lo;
+  } else {
+    // Within a sequence the last (heaviest under causal) tile runs first.
+    const int tiles_per_seq = tiles_of(p.q_len, t.rows_log2);
+    t.b = tile / tiles_per_seq;
+    t.row0 = (tiles_per_seq - 1 - tile % tiles_per_seq) << t.rows_log2;
+    t.q_len = p.q_len;
+    t.seq_lo = 0;
+  }
+  if (t.b >= p.batch || t.row0 < 0 || t.row0 >= t.q_len) t.b = -1;
+  return t;
+}
+
+// grid: num_q_tiles x head_blocks, flattened with the head block fastest (the blocks of one Q tile, which read
+// the same K/V rows, run side by side); block: kPrefillThreads; dynamic shared memory: kSmemBytes.
+// Block (tile, hblk): kv head hblk / (G / HB), q heads qh0 .. qh0 + HB - 1, sequence rows row0 .. row0 + BM/HB - 1
+// of sequence b. Packed row m (0 .. BM - 1) is sequence row row0 + (m >> hb_log2), q head qh0 + (m & (HB - 1)).
+template <int kHeadDim, bool kRaggedQ, bool kPaged>
+// 2 blocks per SM: 4 warps at up to 255 registers each use the whole register file of an SM at 2 x 128 threads.
+__global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const __grid_constant__ PrefillParams p) {
+  using Tr = PrefillTraits<kHeadDim>;
+  using bf16 = __nv_bfloat16;
+  constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kChunks = Tr::kChunks, kMTiles = Tr::kMTiles;
+  constexpr int kSubN = Tr::kSubN, kSTiles = Tr::kSTiles, kOTiles = Tr::kOTiles, kRowsPerPass = Tr::kRowsPerPass;
+
+  extern __shared__ __align__(128) uint4 smem[];
+  uint4* const sQ = smem;                                            // (BM, D), swizzled; O in the epilogue
+  uint4* const sKV = smem + Tr::kQChunks;                            // (stages, K|V, BN, D), swizzled
+  int32_t* const sPage = reinterpret_cast<int32_t*>(sKV + Tr::kStages * 2 * Tr::kTileChunks);  // (3, BN) page ids
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // ---- which rows, heads and keys ------------------------------------------------------------------
+  const QTile qt = locate_q_tile<kBM, kRaggedQ>(p);
+  if (qt.b < 0) return;  // idle tile (block-uniform: before any barrier)
+  const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2, rows_log2 = qt.rows_log2;
+  const int kvh = qt.kvh, qh0 = qt.qh0;
+  const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
+
+  // K/V rows of this block: key t of the sequence is row kv_key0 + t of batch kv_batch (contiguous) or sits on a
+  // page (paged). Kept as small integers; issue_kv forms the 64-bit addresses per tile (two live 64-bit base
+  // pointers would cost the loop 4 registers it does not have).
+  int kv_len, kv_key0 = 0, kv_batch = 0;
+  if constexpr (kPaged) {
+    kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
+  } else if (p.kv_indptr_ptr != nullptr) {
+    const RowRange keys = clamp_indptr(__ldg(p.kv_indptr_ptr + b), __ldg(p.kv_indptr_ptr + b + 1), p.max_kv_len);
+    kv_len = keys.len;
+    kv_key0 = keys.lo;
+  } else {
+    kv_len = p.kv_lens_ptr != nullptr ? min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len) : p.max_kv_len;
+    kv_batch = b;
+  }
+
+  // Row i of the sequence sits at key position pos0 + (i - row0) (causal aligned to the end).
+  const int rows_here = min(q_len_b - row0, 1 << rows_log2);
+  const int pos0 = kv_len - q_len_b + row0;
+  const bool has_mask = p.mask_ptr != nullptr;
+  int n_end = kv_len;  // keys past n_end are dropped for every row of the block
+  if (p.is_causal) n_end = int(min(int64_t(n_end), max(int64_t(pos0) + rows_here, int64_t(0))));
+  if (has_mask) {
+    n_end = min(n_end, max(p.mask_len, 0));
+    if (p.mask_q_stride != 0 && row0 >= p.mask_q_len) n_end = 0;
+  }
+  const int n_tiles = (n_end + kBN - 1) / kBN;  // block-uniform trip count
+
+  // ---- loads ---------------------------------------------------------------------------------------
+  const int ld_chunk = tid % kChunks;  // this thread's 16-byte chunk of every row it loads
+  const int ld_row = tid / kChunks;    // first row it loads; then every kRowsPerPass-th
+  const uint4 zero16 = make_uint4(0, 0, 0, 0);
+
+  auto issue_q = [&]() {
+    const bf16* q = static_cast<const bf16*>(p.q_ptr) + q_off + ld_chunk * 8;
+#pragma unroll
+    for (int r = ld_row; r < kBM; r += kRowsPerPass) {
+      const int i = row0 + (r >> hb_log2);
+      const int h = qh0 + (r & ((1 << hb_log2) - 1));
+      uint4* dst = sQ + swizzle<kChunks>(r, ld_chunk);
+      if (i < q_len_b) {
+        cp_async16(dst, q + (int64_t(i) * p.q_seq_stride + int64_t(h) * p.q_head_stride));
+      } else {
+        *dst = zero16;  // rows past the sequence: zeros, never stored
+      }
+    }
+  };
+
+  // Paged: the table entry of key j * BN + tid (tid < BN) goes to sPage[slot][tid] by a 4-byte cp.async (one
+  // table read per key; no register waits on it); keys past kv_len get -1. Readers range-check the id.
+  auto fetch_pages = [&](int j, int slot) {
+    const int t = j * kBN + tid;
+    if (tid < kBN) {
+      if (t < kv_len) {
+        cp_async4(sPage + slot * kBN + tid,
+                  p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2)));
+      } else {
+        sPage[slot * kBN + tid] = -1;
+      }
+    }
+  };
+  auto page_ok = [&](int32_t id) { return id >= 0 && id < p.num_pages; };
+
+  // Starts the copies of K/V tile j into stage `stage`. Keys past kv_len or on an invalid page are written as
+  // zeros (a 0 weight times stale shared memory could be NaN). Returns whether this thread saw an invalid page.
+  auto issue_kv = [&](int j, int stage, const int32_t* ids) -> bool {
+    uint4* sK = sKV + stage * (2 * Tr::kTileChunks) + swizzle<kChunks>(ld_row, ld_chunk);
+    uint4* sV = sK + Tr::kTileChunks;
+    const int t0 = j * kBN + ld_row;  // this thread's first key of the tile
+    const int c0 = ld_chunk ^ (ld_row & 7);
+    const int flip4 = (c0 ^ 4) - c0;  // chunk shift of a row 4 further down (D = 256 only)
+    bool bad = false;
+    // Contiguous: one 64-bit product per tile, then a pointer that steps kRowsPerPass keys (per-row products
+    // would be hoisted out of the loop as 8 live 64-bit induction variables per tensor).
+    const int key = kPaged ? 0 : kv_key0 + t0;  // contiguous: this thread's first key row of the tile
+    const bf16* kp = static_cast<const bf16*>(p.k_ptr) +
+                     (int64_t(key) * p.k_seq_stride + int64_t(kvh) * p.k_head_stride +
+                      int64_t(kv_batch) * p.k_batch_stride + ld_chunk * 8);
+    const bf16* vp = static_cast<const bf16*>(p.v_ptr) +
+                     (int64_t(key) * p.v_seq_stride + int64_t(kvh) * p.v_head_stride +
+                      int64_t(kv_batch) * p.v_batch_stride + ld_chunk * 8);
+#pragma unroll
+    for (int r = 0; r < kBN; r += kRowsPerPass) {
+      const int t = t0 + r;
+      // Row ld_row + r: the swizzle depends on the row mod 8 only, and (ld_row + r) mod 8 = (ld_row mod 8) ^ (r & 4)
+      // (r is a multiple of kRowsPerPass: of 8, or of 4 for D = 256), so the offset from row ld_row's chunk is
+      // a compile-time constant (plus one precomputed correction when r & 4).
+      const int at = r * kChunks + ((r & 4) ? flip4 : 0);
+      bool ok;
+      const bf16* ksrc;
+      const bf16* vsrc;
+      if constexpr (kPaged) {
+        const int32_t id = ids[ld_row + r];
+        ok = page_ok(id);  // false past kv_len too (-1)
+        bad |= !ok && t < kv_len;
+        const int slot = t & ((1 << p.page_size_log2) - 1);
+        ksrc = kp + (int64_t(id) * p.k_batch_stride + int64_t(slot) * p.k_seq_stride);
+        vsrc = vp + (int64_t(id) * p.v_batch_stride + int64_t(slot) * p.v_seq_stride);
+      } else {
+        ok = t < kv_len;
+        ksrc = kp;
+        vsrc = vp;
+        kp += kRowsPerPass * p.k_seq_stride;
+        vp += kRowsPerPass * p.v_seq_stride;
+      }
+      if (ok) {
+        cp_async16(sK + at, ksrc);
+        cp_async16(sV + at, vsrc);
+      } else {
+        sK[at] = zero16;
+        sV[at] = zero16;
+      }
+    }
+    return bad;
+  };
+
+  // ---- per-thread state ------------------------------------------------------------------------------
+  float acc_o[kMTiles][kOTiles][4];  // O, unnormalized: rows (lane/4, +8) of each m16 tile, fp32
+  float row_max[kMTiles][2];         // running max of the scaled scores (exp2 domain) per row
+  float row_sum[kMTiles][2];         // this thread's part of the running sum of exp2 (quad-reduced at the end)
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kOTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mt][h] = prefill_neg_inf();
+      row_sum[mt][h] = 0.f;
+    }
+  }
+
+  const int warp_row0 = warp * Tr::kWarpRows;  // this warp's first packed row
+  // ldmatrix addresses (see ldsm_step): one lane offset per operand.
+  const uint32_t smem_base = smem_addr(smem);
+  const uint32_t q_lane = ldsm_a_offset<kChunks>(lane, warp_row0);              // Q: A fragments
+  const uint32_t k_lane = ldsm_b_offset<kChunks>(lane);                          // K: B fragments, 2 n-tiles
+  const uint32_t v_lane = ldsm_bt_offset<kChunks>(lane);                         // V: B fragments (transposed)
+
+  // One K/V tile, in sub-tiles of kSubN keys: S = Q K^T, mask (kMask), online softmax, O += P V.
+  auto tile_step = [&](auto mask_tag, int j, int stage, const int32_t* ids) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    const uint32_t sK_addr = smem_base + (Tr::kQChunks + stage * 2 * Tr::kTileChunks) * 16;  // K tile of `stage`
+    const uint32_t sV_addr = sK_addr + Tr::kTileChunks * 16;
+    constexpr int kSubBlocks = kSubN / 16;  // 16-key blocks per sub-tile
+#pragma unroll
+    for (int sub = 0; sub < kBN / kSubN; ++sub) {
+      float s[kMTiles][kSTiles][4];  // (warp rows, kSubN) scores
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+      // Unrolled by 4, not fully: a full unroll lets the scheduler hoist every fragment load of the tile past
+      // the register budget.
+#pragma unroll 4
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], smem_base + ldsm_step<kChunks>(q_lane, kk, mt));
+#pragma unroll
+        for (int np = 0; np < kSubBlocks; ++np) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, sK_addr + ldsm_step<kChunks>(k_lane, kk, sub * kSubBlocks + np));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16_16816(s[mt][2 * np], a[mt], bk[0], bk[1]);
+            mma_bf16_16816(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          }
+        }
+      }
+
+      // Scale into the exp2 domain (any sign of the scale), then drop keys.
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.scale_log2;
+      if constexpr (kMask) {
+        // Limits relative to the sub-tile's first key n0 (they change with j, so the compiler keeps them out of
+        // the registers that live across the loop): column col is kept iff col < lim and its mask byte / page
+        // allow it.
+        const int n0 = j * kBN + sub * kSubN;
+        const int di0 = (warp_row0 + (lane >> 2)) >> hb_log2;  // rows of this thread: di0 + ((8 h + 16 mt) >> hb)
+        int key_lim = kv_len - n0;
+        if (has_mask) key_lim = min(key_lim, p.mask_len - n0);
+        uint32_t page_bits = 0;  // bit 2 nt + e: column nt * 8 + 2 (lane % 4) + e is on a valid page
+        if constexpr (kPaged) {
+#pragma unroll
+          for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              page_bits |= uint32_t(page_ok(ids[sub * kSubN + nt * 8 + 2 * (lane & 3) + e])) << (2 * nt + e);
+        }
+        (void)page_bits;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int di = di0 + ((8 * h + 16 * mt) >> hb_log2);
+            const int i = row0 + di;  // row within the sequence
+            int lim = key_lim;
+            if (p.is_causal) lim = min(lim, pos0 + di - n0 + 1);
+            if (i >= q_len_b || (has_mask && p.mask_q_stride != 0 && i >= p.mask_q_len)) lim = 0;
+            const uint8_t* mrow = has_mask ? p.mask_ptr + (int64_t(b) * p.mask_batch_stride +
+                                                           int64_t(i) * p.mask_q_stride + n0) : nullptr;
+#pragma unroll
+            for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = nt * 8 + 2 * (lane & 3) + e;
+                bool keep = col < lim;
+                if (has_mask) keep = keep && mrow[col] != 0;
+                if constexpr (kPaged) keep = keep && ((page_bits >> (2 * nt + e)) & 1u);
+                if (!keep) s[mt][nt][2 * h + e] = prefill_neg_inf();
+              }
+          }
+      }
+
+      // Online softmax per row (the 4 lanes of a quad hold a row's kSubN scores). The weights go to bf16 as soon
+      // as they exist: the S accumulators of n-tiles 2 ks and 2 ks + 1, packed, are the A fragment of k-step ks
+      // of P V (no shared-memory round trip), and the fp32 scores die early.
+      uint32_t pa[kMTiles][kSubBlocks][4];  // [mt][ks] = {row g: k lo, g + 8: k lo, g: k hi, g + 8: k hi}
+      float alpha[kMTiles][2];
+      bool moved = false;  // some row max of this thread grew: O needs rescaling
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = row_max[mt][h];
+#pragma unroll
+          for (int nt = 0; nt < kSTiles; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // Nothing kept yet: subtract 0 so that exp2(-inf - m) stays 0 instead of NaN.
+          const float m_use = mx == prefill_neg_inf() ? 0.f : mx;
+          const bool grew = mx != row_max[mt][h];
+          alpha[mt][h] = grew ? fast_exp2(row_max[mt][h] - m_use) : 1.f;  // 0 when the row was empty
+          moved |= grew;
+          row_max[mt][h] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kSTiles; ++nt) {
+            const float p0 = fast_exp2(s[mt][nt][2 * h] - m_use);  // 0 for dropped keys
+            const float p1 = fast_exp2(s[mt][nt][2 * h + 1] - m_use);
+            sum += p0 + p1;
+            pa[mt][nt / 2][(nt % 2) * 2 + h] = pack_bf16x2_rn(p0, p1);
+          }
+          row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
+        }
+      // Past the first tiles a row max rarely grows: skip the 4 x D/2 multiplies when no row of the warp moved
+      // (warp-uniform branch).
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kOTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] *= alpha[mt][e / 2];
+      }
+
+      // O += P V, V fragments by ldmatrix.trans from the [key][dim] tile.
+#pragma unroll
+      for (int ks = 0; ks < kSubBlocks; ++ks) {
+#pragma unroll
+        for (int np = 0; np < kHeadDim / 16; ++np) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, sV_addr + ldsm_step<kChunks>(v_lane, np, sub * kSubBlocks + ks));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16_16816(acc_o[mt][2 * np], pa[mt][ks], bv[0], bv[1]);
+            mma_bf16_16816(acc_o[mt][2 * np + 1], pa[mt][ks], bv[2], bv[3]);
+          }
+        }
+      }
+    }
+  };
+
+  // ---- main loop: tile j computes while tile j + 1 lands ---------------------------------------------
+  // Paged: the page ids of tile j sit in sPage row j % 3. Iteration j fetches row j + 2 in the same cp.async
+  // group as K/V tile j + 1; the wait and barrier of iteration j + 1 publish both, before iteration j + 1
+  // issues tile j + 2 from them. Row (j + 2) % 3 held tile j - 1, whose readers are past that barrier.
+  bool bad = false;  // this thread's last issued tile had an invalid page (needs the element mask)
+  if (n_tiles > 0) {
+    if constexpr (kPaged) {
+      fetch_pages(0, 0);
+      if (n_tiles > 1) fetch_pages(1, 1);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    issue_q();
+    bad = issue_kv(0, 0, sPage);
+    cp_async_commit();
+  }
+  int slot = 0;  // j % 3
+  for (int j = 0; j < n_tiles; ++j) {
+    const int stage = j & 1;
+    const int slot1 = slot == 2 ? 0 : slot + 1, slot2 = slot1 == 2 ? 0 : slot1 + 1;
+    cp_async_wait<0>();  // tile j (and Q, page ids of j + 1) landed for this thread's copies
+    // After the barrier: every thread's copies of tile j are visible, and every warp is done with tile j - 1,
+    // whose stage tile j + 1 now overwrites.
+    bool any_bad = false;
+    if constexpr (kPaged) {
+      any_bad = __syncthreads_or(bad) != 0;
+    } else {
+      __syncthreads();
+    }
+    if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN);
+    if constexpr (kPaged) {
+      if (j + 2 < n_tiles) fetch_pages(j + 2, slot2);
+    }
+    cp_async_commit();
+
+    const int n0 = j * kBN;
+    const bool need_mask = has_mask || any_bad || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
+    if (need_mask) {
+      tile_step(std::true_type{}, j, stage, sPage + slot * kBN);
+    } else {
+      tile_step(std::false_type{}, j, stage, sPage + slot * kBN);
+    }
+    slot = slot1;
+  }
+
+  // ---- epilogue: O / l to bf16, staged through this warp's own rows of sQ for 16-byte stores ------------
+  // Only this warp ever read those rows (its A fragments), and no copy is in flight: a warp barrier suffices.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that kept no key: zeros
+      const int r = warp_row0 + mt * 16 + (lane >> 2) + 8 * h;
+#pragma unroll
+      for (int nt = 0; nt < kOTiles; ++nt) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(sQ + swizzle<kChunks>(r, nt)) + (lane & 3);
+        *dst = pack_bf16x2_rn(acc_o[mt][nt][2 * h] * inv, acc_o[mt][nt][2 * h + 1] * inv);
+      }
+    }
+  __syncwarp();
+  const QTile ot = locate_q_tile<kBM, kRaggedQ>(p);  // as qt, recomputed
+  bf16* out = static_cast<bf16*>(p.out_ptr) +
+              (kRaggedQ ? int64_t(ot.seq_lo) * p.out_seq_stride : int64_t(ot.b) * p.out_batch_stride);
+#pragma unroll
+  for (int idx = lane; idx < Tr::kWarpRows * kChunks; idx += 32) {
+    const int m = warp * Tr::kWarpRows + idx / kChunks;
+    const int c = idx % kChunks;
+    const int i = ot.row0 + (m >> ot.hb_log2);
+    const int h = ot.qh0 + (m & ((1 << ot.hb_log2) - 1));
+    if (i < ot.q_len) {
+      *reinterpret_cast<uint4*>(out + (int64_t(i) * p.out_seq_stride + int64_t(h) * p.out_head_stride + c * 8)) =
+          sQ[swizzle<kChunks>(m, c)];
+    }
+  }
+}
+
+}  // namespace attention
+}  // namespace astrai

@@ -1,0 +1,37 @@
+// Internal: the body of the per-head_dim prefill launchers (included once by each prefill_bf16_hd*.cu).
+#pragma once
+
+#include "kernels/attention/bf16_prefill.cuh"
+#include "kernels/attention/prefill_dispatch.h"
+#include "kernels/common/cuda_check.h"
+
+namespace astrai {
+namespace attention {
+
+template <int kHeadDim, bool kRaggedQ, bool kPaged>
+cudaError_t launch_prefill_variant(const PrefillParams& p, cudaStream_t stream) {
+  constexpr int kSmem = PrefillTraits<kHeadDim>::kSmemBytes;
+  auto* kernel = &prefill_bf16_kernel<kHeadDim, kRaggedQ, kPaged>;
+  // Above 48 KB of dynamic shared memory a kernel must opt in, per device: set it on every launch (cheap, and
+  // right whichever device is current).
+  ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int64_t head_blocks = int64_t(p.num_kv_heads) * (group >> prefill_heads_log2(group));
+  const int64_t blocks = int64_t(p.num_q_tiles) * head_blocks;  // <= INT32_MAX (checked by the launcher)
+  kernel<<<unsigned(blocks), kPrefillThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int kHeadDim>
+cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t stream) {
+  const bool ragged_q = p.qo_indptr_ptr != nullptr;
+  if (ragged_q) {
+    return p.paged ? launch_prefill_variant<kHeadDim, true, true>(p, stream)
+                   : launch_prefill_variant<kHeadDim, true, false>(p, stream);
+  }
+  return p.paged ? launch_prefill_variant<kHeadDim, false, true>(p, stream)
+                 : launch_prefill_variant<kHeadDim, false, false>(p, stream);
+}
+
+}  // namespace attention
+}  // namespace astrai
