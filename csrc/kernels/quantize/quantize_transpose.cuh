@@ -243,5 +243,194 @@ __global__ void __launch_bounds__(kTransposeThreads, kIn == QuantIn::kBF16 ? 3 :
   }
 }
 
+
+// ---- register transpose (no shared memory, no barriers) -------------------------------------------------
+// Each thread loads kR rows x 8 columns of x with all kR loads issued before any use, and casts the 4 rows of
+// one column into one word (pack4 down a column): that word is already out_t's byte order, so the transpose
+// costs no byte shuffles, no shared memory and no barrier. Lanes 2k and 2k+1 read the two 16-byte halves of one
+// 32-byte sector of a row; lanes 2k and 2k+2 hold consecutive kR-row runs, so one store instruction writes 16 x kR
+// contiguous bytes of two out_t rows. A warp covers 16 kR rows x 16 columns, a block of 4 warps 64 columns (one
+// 128-byte line of each bf16 row). The element casts are those of quantize_transpose_kernel: same bytes.
+constexpr int kRegThreads = 128;
+constexpr int kRegTileCols = 64;  // 4 warps x 16 columns
+// Production choice of the transposed kernel: 0 = quantize_transpose_kernel (shared-memory tile), 8 or 16 =
+// quantize_transpose_regs_kernel with kR = 8 / 16 (bf16 only: fp16 / fp32 use 8, as 16 spills).
+// Register caps (no spills, sm_90a -Xptxas -v): bf16 kR = 8: 6 blocks/SM (<= 85); otherwise 4 (<= 128). kRegPersistent: grid of resident blocks looping over tiles, else one block per tile.
+constexpr int kTransposeVariant = 0;
+constexpr bool kRegPersistent = false;
+
+template <int kR>
+constexpr int reg_tile_rows() { return 16 * kR; }
+
+template <QuantIn kIn, QuantOut kOut, bool kVec, int kR>
+__global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 ? 6 : 4)
+    quantize_transpose_regs_kernel(const __grid_constant__ QuantizeParams p) {
+  static_assert(kR == 8 || kR == 16, "kR rows per thread: 8 (8-byte out_t stores) or 16 (16-byte)");
+  static_assert(kOut != QuantOut::kInt8, "the transposed layouts are fp8 only");
+  constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
+  constexpr int kW = StepWords<kIn, 8>::kCount;  // words of one 8-element run
+  constexpr int kQ = kR / 4;                      // out_t words per column
+  constexpr int kTileM = reg_tile_rows<kR>();
+  __shared__ uint32_t red[kRegThreads / 32];
+
+  const int tid = int(threadIdx.x);
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int half = lane & 1;   // which 8 columns of the warp's 16
+  const int pair = lane >> 1;  // which kR-row run of the tile
+  const int64_t rows = p.rows, cols = p.cols;
+  const uint32_t tiles_n = uint32_t((cols + kRegTileCols - 1) / kRegTileCols);
+  const uint32_t tiles = uint32_t((rows + kTileM - 1) / kTileM) * tiles_n;  // < 2^31: the launcher checks
+  const char* x = static_cast<const char*>(p.x_ptr);
+  uint8_t* out = static_cast<uint8_t*>(p.out_ptr);
+  uint8_t* out_t = static_cast<uint8_t*>(p.out_t_ptr);
+  const QuantScale kind = p.scale_kind;
+  const int64_t x_stride_bytes = p.x_row_stride * kInBytes;
+  const bool vec_out = (cols & 7) == 0 && (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  // out_t run of kR bytes: one kR-byte store (rows % kR == 0), kQ word stores (rows % 4 == 0), else bytes.
+  const uintptr_t out_t_addr = reinterpret_cast<uintptr_t>(out_t);
+  const int out_t_mode = (rows % kR == 0 && out_t_addr % kR == 0) ? 2 : (rows % 4 == 0 && out_t_addr % 4 == 0) ? 1 : 0;
+
+  float mul_tensor = 1.0f;
+  if (kind == QuantScale::kTensor) mul_tensor = __ldg(p.scale_ptr);
+  if (kind == QuantScale::kFromAmax) {
+    const ScalePair s = scale_from_amax(__ldg(p.amax_in_ptr), p.qmax, p.pow2_scale);
+    mul_tensor = s.mul;
+    if (blockIdx.x == 0 && tid == 0 && p.scale_inv_ptr != nullptr) p.scale_inv_ptr[0] = s.inv;
+  }
+
+  uint32_t tensor_amax = 0;
+  for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const uint32_t tm = tile / tiles_n;
+    const uint32_t tn = tile - tm * tiles_n;
+    const int64_t m0 = int64_t(tm) * kTileM + pair * kR;                 // first of this thread's kR rows
+    const int64_t n0 = int64_t(tn) * kRegTileCols + warp * 16 + half * 8;  // first of its 8 columns
+    const int ncount = int(cols - n0 < 8 ? (cols - n0 > 0 ? cols - n0 : 0) : 8);
+    const int mcount = int(rows - m0 < kR ? (rows - m0 > 0 ? rows - m0 : 0) : kR);
+
+    // All kR loads before any use: kR x 16 bytes in flight per thread.
+    uint32_t raw[kR][kW];  // (rows, 8 elements in x's bits)
+    const char* src = x + (m0 * p.x_row_stride + n0) * kInBytes;
+    if (kVec && ncount == 8 && mcount == kR) {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) load_step_raw<kIn, true, 8>(src + i * x_stride_bytes, 8, raw[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        if (i < mcount && ncount > 0) {
+          if (kVec && ncount == 8) load_step_raw<kIn, kVec, 8>(src + i * x_stride_bytes, 8, raw[i]);
+          else load_step_raw<kIn, false, 8>(src + i * x_stride_bytes, ncount, raw[i]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kW; ++k) raw[i][k] = 0u;
+        }
+      }
+    }
+    float v[kR][8];  // (rows, cols) of x; the compiler keeps only what is live
+#pragma unroll
+    for (int i = 0; i < kR; ++i) unpack_step<kIn, 8>(raw[i], v[i]);
+
+    // Fused amax (zeros outside x change nothing).
+    if (p.amax_kind != QuantAmax::kNone) {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        const uint32_t ra = run_amax_bits(v[i]);
+        tensor_amax = max(tensor_amax, ra);
+        if (p.amax_kind == QuantAmax::kRow) {
+          // Lanes l and l ^ 1 hold the two 8-column halves of one row in this warp.
+          const uint32_t r = max(ra, __shfl_xor_sync(0xffffffffu, ra, 1));
+          if (half == 0 && i < mcount && r != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr) + (m0 + i), r);
+        }
+      }
+    }
+
+    // Cast down columns: cw[j][q] = rows 4q..4q+3 of column j, little-endian (out_t's byte order).
+    float cmul[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) cmul[j] = (kind == QuantScale::kColumn && j < ncount) ? __ldg(p.scale_ptr + n0 + j) : 1.0f;
+    float rmul[kR];
+#pragma unroll
+    for (int i = 0; i < kR; ++i) {
+      rmul[i] = kind == QuantScale::kRow ? (i < mcount ? __ldg(p.scale_ptr + m0 + i) : 0.0f)
+                : kind == QuantScale::kColumn ? 1.0f
+                                              : mul_tensor;
+    }
+    uint32_t cw[8][kQ];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        float y[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) y[t] = v[4 * q + t][j] * (kind == QuantScale::kColumn ? cmul[j] : rmul[4 * q + t]);
+        cw[j][q] = pack4<kOut>(y[0], y[1], y[2], y[3]);
+      }
+    }
+
+    if (out_t != nullptr && mcount > 0) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (j >= ncount) continue;
+        uint8_t* dst = out_t + (n0 + j) * rows + m0;
+        if (out_t_mode == 2 && mcount == kR) {
+          if constexpr (kR == 16) *reinterpret_cast<uint4*>(dst) = make_uint4(cw[j][0], cw[j][1], cw[j][2], cw[j][3]);
+          else *reinterpret_cast<uint2*>(dst) = make_uint2(cw[j][0], cw[j][1]);
+        } else if (out_t_mode >= 1) {
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) {
+            if (4 * q < mcount) reinterpret_cast<uint32_t*>(dst)[q] = cw[j][q];
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            if (r < mcount) dst[r] = uint8_t(cw[j][r >> 2] >> (8 * (r & 3)));
+          }
+        }
+      }
+    }
+
+    // Dual: row 4q+t is byte t of cw[0..7][q] (a 4 x 4 byte transpose per word, three byte_perms).
+    if (out != nullptr && ncount > 0) {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int i = 4 * q + t;
+          if (i >= mcount) continue;
+          const uint32_t sel = uint32_t(t) | (uint32_t(t + 4) << 4);
+          const uint32_t lo = __byte_perm(__byte_perm(cw[0][q], cw[1][q], sel), __byte_perm(cw[2][q], cw[3][q], sel), 0x5410);
+          const uint32_t hi = __byte_perm(__byte_perm(cw[4][q], cw[5][q], sel), __byte_perm(cw[6][q], cw[7][q], sel), 0x5410);
+          uint8_t* dst = out + (m0 + i) * cols + n0;
+          if (vec_out && ncount == 8) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              if (j < ncount) dst[j] = uint8_t((j < 4 ? lo : hi) >> (8 * (j & 3)));
+            }
+          }
+        }
+      }
+    }
+  }
+
+  if (p.amax_kind == QuantAmax::kTensor) {
+    uint32_t m = tensor_amax;
+    for (int o = 1; o < 32; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 0; w < kRegThreads / 32; ++w) m = max(m, red[w]);
+      if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), m);
+    }
+  }
+}
+
 }  // namespace quantize
+
+namespace quantize_detail {
+// quantize_transpose_launch with the kernel picked by the caller (tests, sweep) rather than kTransposeVariant:
+// variant 0, 8 or 16 and persistent as kTransposeVariant and kRegPersistent.
+cudaError_t quantize_transpose_launch_variant(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent);
+}  // namespace quantize_detail
 }  // namespace astrai

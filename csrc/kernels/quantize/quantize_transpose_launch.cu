@@ -1,4 +1,4 @@
-// Launcher of the tiled-transpose fp8 quantize kernel (layouts 1 and 2).
+// Launcher of the transposed fp8 quantize kernels (layouts 1 and 2): shared-memory tile or register transpose.
 #include <cstdint>
 
 #include "kernels/common/cuda_check.h"
@@ -13,7 +13,7 @@ using quantize::kTileRows;
 using quantize::kTransposeThreads;
 
 template <QuantIn kIn, QuantOut kOut, bool kVec>
-cudaError_t launch(const QuantizeParams& p, cudaStream_t stream) {
+cudaError_t launch_smem(const QuantizeParams& p, cudaStream_t stream) {
   const int64_t tiles = ((p.rows + kTileRows - 1) / kTileRows) * ((p.cols + kTileCols - 1) / kTileCols);
   int64_t grid = 0;
   ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, kTransposeThreads, p.max_blocks, &grid));
@@ -30,18 +30,50 @@ cudaError_t launch(const QuantizeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One block per 16 kR x 64 tile (persistent: at most the resident blocks, looping over tiles).
+template <QuantIn kIn, QuantOut kOut, bool kVec, int kR>
+cudaError_t launch_regs(const QuantizeParams& p, bool persistent, cudaStream_t stream) {
+  const auto kernel = &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR>;
+  const int64_t tile_rows = quantize::reg_tile_rows<kR>();
+  const int64_t tiles = ((p.rows + tile_rows - 1) / tile_rows) * ((p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols);
+  int64_t grid = 0;
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, quantize::kRegThreads, p.max_blocks, &grid));
+  if (persistent) {
+    int device = 0, sm_count = 0, resident = 0;
+    ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+    ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
+                                                                  quantize::kRegThreads, 0));
+    if (resident > 0 && grid > int64_t(resident) * sm_count) grid = int64_t(resident) * sm_count;
+  }
+  kernel<<<dim3(unsigned(grid)), dim3(quantize::kRegThreads), 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+cudaError_t launch(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
+  // The register kernel indexes tiles in 32 bits; kR = 16 spills for fp16 / fp32.
+  const int64_t reg_tiles = ((p.rows + 127) / 128) * ((p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols);
+  if (variant == 0 || reg_tiles >= (int64_t(1) << 31)) return launch_smem<kIn, kOut, kVec>(p, stream);
+  if constexpr (kIn == QuantIn::kBF16) {
+    if (variant == 16) return launch_regs<kIn, kOut, kVec, 16>(p, persistent, stream);
+  }
+  return launch_regs<kIn, kOut, kVec, 8>(p, persistent, stream);
+}
+
 template <QuantIn kIn, QuantOut kOut>
-cudaError_t launch_vec(const QuantizeParams& p, cudaStream_t stream) {
+cudaError_t launch_vec(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
   // 16-byte loads of 8-element runs: x 16-byte aligned, row stride and cols multiples of 8 elements.
   const bool vec = (reinterpret_cast<uintptr_t>(p.x_ptr) & 15u) == 0 && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
-  return vec ? launch<kIn, kOut, true>(p, stream) : launch<kIn, kOut, false>(p, stream);
+  return vec ? launch<kIn, kOut, true>(p, stream, variant, persistent)
+             : launch<kIn, kOut, false>(p, stream, variant, persistent);
 }
 
 template <QuantIn kIn>
-cudaError_t launch_out(const QuantizeParams& p, cudaStream_t stream) {
+cudaError_t launch_out(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
   switch (p.out_type) {
-    case QuantOut::kE4M3: return launch_vec<kIn, QuantOut::kE4M3>(p, stream);
-    case QuantOut::kE5M2: return launch_vec<kIn, QuantOut::kE5M2>(p, stream);
+    case QuantOut::kE4M3: return launch_vec<kIn, QuantOut::kE4M3>(p, stream, variant, persistent);
+    case QuantOut::kE5M2: return launch_vec<kIn, QuantOut::kE5M2>(p, stream, variant, persistent);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -50,13 +82,17 @@ cudaError_t launch_out(const QuantizeParams& p, cudaStream_t stream) {
 
 namespace quantize_detail {
 
-cudaError_t quantize_transpose_launch(const QuantizeParams& p, cudaStream_t stream) {
+cudaError_t quantize_transpose_launch_variant(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
   switch (p.in_type) {
-    case QuantIn::kBF16: return launch_out<QuantIn::kBF16>(p, stream);
-    case QuantIn::kF16: return launch_out<QuantIn::kF16>(p, stream);
-    case QuantIn::kF32: return launch_out<QuantIn::kF32>(p, stream);
+    case QuantIn::kBF16: return launch_out<QuantIn::kBF16>(p, stream, variant, persistent);
+    case QuantIn::kF16: return launch_out<QuantIn::kF16>(p, stream, variant, persistent);
+    case QuantIn::kF32: return launch_out<QuantIn::kF32>(p, stream, variant, persistent);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t quantize_transpose_launch(const QuantizeParams& p, cudaStream_t stream) {
+  return quantize_transpose_launch_variant(p, stream, quantize::kTransposeVariant, quantize::kRegPersistent);
 }
 
 }  // namespace quantize_detail
