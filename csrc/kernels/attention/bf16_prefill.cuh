@@ -12,8 +12,23 @@
 #include "kernels/attention/params.h"
 #include "kernels/attention/prefill_schedule.h"
 
-#ifndef ASTRAI_PREFILL_HD128_SUBN
-#define ASTRAI_PREFILL_HD128_SUBN 32
+// Paged K/V addressing. 1: the 64-bit offsets of a tile's key rows are computed once per row (by thread `row`,
+// two iterations ahead) into shared memory, and the 16 threads loading a row's chunks read them (one broadcast
+// 16-byte load per row); 0: every loading thread resolves the page of each row it loads (a page-id load, a range
+// check and four 64-bit products per row and thread). 1: the H200 sweep (2026-11-29) measured paged (page 16)
+// at 281-311 TFLOP/s with it, 241-306 without (worst paged/contiguous time 1.11 vs 1.15 at equal steps).
+// sm_90a, D = 128 paged, ptxas spill stores / loads: 34 / 56 B with 1, 32 / 36 with 0. 1 adds 2 x BN x 16 bytes
+// of shared memory (D = 128: 99.0 KB, the limit).
+#ifndef ASTRAI_PREFILL_PAGED_ROW_OFFSETS
+#define ASTRAI_PREFILL_PAGED_ROW_OFFSETS 1
+#endif
+// Row offsets on: rows of a tile's issue loop unrolled together (0: all).
+#ifndef ASTRAI_PREFILL_ROWOFF_UNROLL
+#define ASTRAI_PREFILL_ROWOFF_UNROLL 0
+#endif
+// k-steps of S = Q K^T unrolled together (of D / 16).
+#ifndef ASTRAI_PREFILL_KK_UNROLL
+#define ASTRAI_PREFILL_KK_UNROLL 4
 #endif
 
 namespace astrai {
@@ -31,7 +46,7 @@ namespace attention {
 // Q stays in shared memory and is re-read by ldmatrix per k-step, as in FlashAttention-2: a warp's 32 x 128 Q
 // fragments would take 64 registers that the 128 fp32 accumulators of O (D = 128) and those of S leave no room
 // for under the 255-register cap; the re-read costs 16 of the 80 ldmatrix per 64-key tile and warp.
-template <int kHeadDim>
+template <int kHeadDim, bool kPaged = false>
 struct PrefillTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "prefill supports head_dim 64, 128, 256");
   static constexpr int kThreads = kPrefillThreads;
@@ -45,16 +60,22 @@ struct PrefillTraits {
   // Keys per softmax step: a 64-key tile of D = 128 is computed in two halves, so that the S accumulators take
   // 32 registers next to O's 128 (at 64 the transient peak of S, fragments and O passes 255 and ptxas spills
   // ~130 bytes; the halves cost 16 more Q ldmatrix per tile and warp instead). ASTRAI_PREFILL_HD128_SUBN=64
-  // builds the other trade-off for measurement.
-  static constexpr int kSubN = kHeadDim == 128 ? ASTRAI_PREFILL_HD128_SUBN : kBN;
+  // builds the other trade-off; it wins for contiguous K/V and loses for paged (see the macros), so the two KV
+  // sources take different steps at D = 128 and their results may differ in the last bits there.
+  static constexpr int kSubN =
+      kHeadDim == 128 ? (kPaged ? ASTRAI_PREFILL_HD128_SUBN_PAGED : ASTRAI_PREFILL_HD128_SUBN) : kBN;
   static_assert(kBN % kSubN == 0 && kSubN % 16 == 0, "softmax steps split a K/V tile into 16-key blocks");
   static constexpr int kSTiles = kSubN / 8;                          // n8 tiles of S per m16 tile
   static constexpr int kOTiles = kHeadDim / 8;                       // n8 tiles of O per m16 tile
   static constexpr int kRowsPerPass = kThreads / kChunks;            // rows one 16-byte load per thread covers
+  static constexpr bool kRowOffsets = ASTRAI_PREFILL_PAGED_ROW_OFFSETS != 0;
   static constexpr int kPageSlots = 3;                               // page-id rows: tiles j, j + 1, j + 2
+  static constexpr int kOffBufs = kRowOffsets ? 2 : 0;               // row-offset rows: tiles j + 1, j + 2
+  static constexpr int kKkUnroll = ASTRAI_PREFILL_KK_UNROLL;         // k-steps of S unrolled together
   static constexpr int kQChunks = kBM * kChunks;                     // sQ: (BM, D) in 16-byte chunks
   static constexpr int kTileChunks = kBN * kChunks;                  // one K or V tile: (BN, D)
-  static constexpr int kSmemBytes = (kQChunks + kStages * 2 * kTileChunks) * 16 + kPageSlots * kBN * 4;
+  static constexpr int kSmemBytes =
+      (kQChunks + kStages * 2 * kTileChunks + kOffBufs * kBN) * 16 + kPageSlots * kBN * 4;
   static_assert(kSmemBytes <= 99 * 1024, "a prefill block must fit the 99 KB of sm_89 / sm_120a");
   static_assert(kMTiles >= 1 && kBN % 16 == 0 && kBN <= kThreads, "tile shape");
   static_assert(kBN % kRowsPerPass == 0 && kBM % kRowsPerPass == 0, "loads cover whole tiles");
@@ -117,7 +138,7 @@ __device__ __forceinline__ QTile locate_q_tile(const PrefillParams& p) {
 template <int kHeadDim, bool kRaggedQ, bool kPaged>
 // 2 blocks per SM: 4 warps at up to 255 registers each use the whole register file of an SM at 2 x 128 threads.
 __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const __grid_constant__ PrefillParams p) {
-  using Tr = PrefillTraits<kHeadDim>;
+  using Tr = PrefillTraits<kHeadDim, kPaged>;
   using bf16 = __nv_bfloat16;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kChunks = Tr::kChunks, kMTiles = Tr::kMTiles;
   constexpr int kSubN = Tr::kSubN, kSTiles = Tr::kSTiles, kOTiles = Tr::kOTiles, kRowsPerPass = Tr::kRowsPerPass;
@@ -125,7 +146,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   extern __shared__ __align__(128) uint4 smem[];
   uint4* const sQ = smem;                                            // (BM, D), swizzled; O in the epilogue
   uint4* const sKV = smem + Tr::kQChunks;                            // (stages, K|V, BN, D), swizzled
-  int32_t* const sPage = reinterpret_cast<int32_t*>(sKV + Tr::kStages * 2 * Tr::kTileChunks);  // (3, BN) page ids
+  // (2, BN) {K, V} element offsets of each key row (row offsets on); then (kPageSlots, BN) page ids
+  longlong2* const sRowOff = reinterpret_cast<longlong2*>(sKV + Tr::kStages * 2 * Tr::kTileChunks);
+  int32_t* const sPage = reinterpret_cast<int32_t*>(sRowOff + Tr::kOffBufs * kBN);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -198,9 +221,38 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   };
   auto page_ok = [&](int32_t id) { return id >= 0 && id < p.num_pages; };
 
-  // Starts the copies of K/V tile j into stage `stage`. Keys past kv_len or on an invalid page are written as
-  // zeros (a 0 weight times stale shared memory could be NaN). Returns whether this thread saw an invalid page.
-  auto issue_kv = [&](int j, int stage, const int32_t* ids) -> bool {
+  // Row offsets on: the table entry of key j * BN + tid (tid < BN), read into a register one iteration early
+  // (the barrier wait covers its latency); -1 past kv_len.
+  auto load_page_id = [&](int j) -> int32_t {
+    const int t = j * kBN + tid;
+    return tid < kBN && t < kv_len
+               ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2)))
+               : -1;
+  };
+  // Thread tid < BN stores that id (for the element mask) and its row's K and V element offsets from the page-0
+  // base: kRowDropped past kv_len, kRowBadPage on an invalid page (its keys are dropped too, and the tile then
+  // needs the element mask).
+  constexpr long long kRowDropped = -1, kRowBadPage = -2;
+  auto resolve_row = [&](int j, int32_t id, int32_t* ids, longlong2* off) {
+    const int t = j * kBN + tid;
+    if (tid < kBN) {
+      const int slot = t & ((1 << p.page_size_log2) - 1);
+      longlong2 o;
+      if (t >= kv_len) {
+        o.x = o.y = kRowDropped;
+      } else if (!page_ok(id)) {
+        o.x = o.y = kRowBadPage;
+      } else {
+        o.x = int64_t(id) * p.k_batch_stride + int64_t(slot) * p.k_seq_stride;
+        o.y = int64_t(id) * p.v_batch_stride + int64_t(slot) * p.v_seq_stride;
+      }
+      ids[tid] = id;
+      off[tid] = o;
+    }
+  };
+
+  // Paged: `ids` are the tile's page ids (row offsets off) or `off` its row offsets (on).
+  auto issue_kv = [&](int j, int stage, const int32_t* ids, const longlong2* off) -> bool {
     uint4* sK = sKV + stage * (2 * Tr::kTileChunks) + swizzle<kChunks>(ld_row, ld_chunk);
     uint4* sV = sK + Tr::kTileChunks;
     const int t0 = j * kBN + ld_row;  // this thread's first key of the tile
@@ -216,7 +268,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     const bf16* vp = static_cast<const bf16*>(p.v_ptr) +
                      (int64_t(key) * p.v_seq_stride + int64_t(kvh) * p.v_head_stride +
                       int64_t(kv_batch) * p.v_batch_stride + ld_chunk * 8);
-#pragma unroll
+    // Full unroll by default; a partial one (row offsets on) was measured by ptxas to spill more, kept to sweep.
+    constexpr bool kPartial = kPaged && Tr::kRowOffsets && ASTRAI_PREFILL_ROWOFF_UNROLL > 0;
+    constexpr int kIssueUnroll = kPartial ? ASTRAI_PREFILL_ROWOFF_UNROLL : kBN / kRowsPerPass;
+#pragma unroll kIssueUnroll
     for (int r = 0; r < kBN; r += kRowsPerPass) {
       const int t = t0 + r;
       // Row ld_row + r: the swizzle depends on the row mod 8 only, and (ld_row + r) mod 8 = (ld_row mod 8) ^ (r & 4)
@@ -226,7 +281,13 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       bool ok;
       const bf16* ksrc;
       const bf16* vsrc;
-      if constexpr (kPaged) {
+      if constexpr (kPaged && Tr::kRowOffsets) {
+        const longlong2 o = off[ld_row + r];  // same address for the row's 16 threads: a broadcast
+        ok = o.x >= 0;
+        bad |= o.x == kRowBadPage;
+        ksrc = kp + o.x;
+        vsrc = vp + o.y;
+      } else if constexpr (kPaged) {
         const int32_t id = ids[ld_row + r];
         ok = page_ok(id);  // false past kv_len too (-1)
         bad |= !ok && t < kv_len;
@@ -292,7 +353,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
           for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
       // Unrolled by 4, not fully: a full unroll lets the scheduler hoist every fragment load of the tile past
       // the register budget.
-#pragma unroll 4
+#pragma unroll Tr::kKkUnroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         uint32_t a[kMTiles][4];
 #pragma unroll
@@ -417,12 +478,25 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   };
 
   // ---- main loop: tile j computes while tile j + 1 lands ---------------------------------------------
-  // Paged: the page ids of tile j sit in sPage row j % 3. Iteration j fetches row j + 2 in the same cp.async
-  // group as K/V tile j + 1; the wait and barrier of iteration j + 1 publish both, before iteration j + 1
-  // issues tile j + 2 from them. Row (j + 2) % 3 held tile j - 1, whose readers are past that barrier.
-  bool bad = false;  // this thread's last issued tile had an invalid page (needs the element mask)
+  // Paged: the page ids of tile j sit in sPage row j % 3.
+  // Row offsets off: iteration j fetches row j + 2 in the same cp.async group as K/V tile j + 1; the wait and
+  // barrier of iteration j + 1 publish both, before iteration j + 1 issues tile j + 2 from them. Row (j + 2) % 3
+  // held tile j - 1, whose readers are past that barrier.
+  // Row offsets on: row offsets of tile j in sRowOff row j % 2. Iteration j resolves tile j + 2 (its ids loaded
+  // into a register at the end of iteration j - 1) into id row (j + 2) % 3 and offset row j % 2, whose readers
+  // (tile j - 1's mask, issue_kv(j)) ran before this barrier; the barrier of iteration j + 1 publishes them to
+  // issue_kv(j + 2). Then, after the tile's math, it loads the ids of tile j + 3.
+  auto off_row = [&](int j) { return sRowOff + (j & 1) * kBN; };
+  bool bad = false;        // this thread's last issued tile had an invalid page (needs the element mask)
+  int32_t next_id = -1;    // row offsets on: the page id of key (j + 2) * BN + tid, for iteration j
   if (n_tiles > 0) {
-    if constexpr (kPaged) {
+    if constexpr (kPaged && Tr::kRowOffsets) {
+      const int32_t id0 = load_page_id(0), id1 = n_tiles > 1 ? load_page_id(1) : -1;
+      resolve_row(0, id0, sPage, off_row(0));
+      if (n_tiles > 1) resolve_row(1, id1, sPage + kBN, off_row(1));
+      if (n_tiles > 2) next_id = load_page_id(2);
+      __syncthreads();
+    } else if constexpr (kPaged) {
       fetch_pages(0, 0);
       if (n_tiles > 1) fetch_pages(1, 1);
       cp_async_commit();
@@ -430,7 +504,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       __syncthreads();
     }
     issue_q();
-    bad = issue_kv(0, 0, sPage);
+    bad = issue_kv(0, 0, sPage, off_row(0));
     cp_async_commit();
   }
   int slot = 0;  // j % 3
@@ -446,8 +520,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     } else {
       __syncthreads();
     }
-    if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN);
-    if constexpr (kPaged) {
+    if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN, off_row(j + 1));
+    if constexpr (kPaged && Tr::kRowOffsets) {
+      if (j + 2 < n_tiles) resolve_row(j + 2, next_id, sPage + slot2 * kBN, off_row(j));
+    } else if constexpr (kPaged) {
       if (j + 2 < n_tiles) fetch_pages(j + 2, slot2);
     }
     cp_async_commit();
@@ -459,8 +535,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     } else {
       tile_step(std::false_type{}, j, stage, sPage + slot * kBN);
     }
+    if constexpr (kPaged && Tr::kRowOffsets) {
+      if (j + 3 < n_tiles) next_id = load_page_id(j + 3);
+    }
     slot = slot1;
   }
+  (void)next_id;
 
   // ---- epilogue: O / l to bf16, staged through this warp's own rows of sQ for 16-byte stores ------------
   // Only this warp ever read those rows (its A fragments), and no copy is in flight: a warp barrier suffices.

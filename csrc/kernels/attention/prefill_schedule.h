@@ -4,6 +4,16 @@
 
 #include <cstdint>
 
+// Keys per softmax step at D = 128, contiguous K/V (ASTRAI_PREFILL_HD128_SUBN) and paged K/V (..._PAGED); see
+// PrefillTraits::kSubN. H200 sweep (2026-11-29, GQA 32/8, B 1/8, L 2048/8192): contiguous 64 beats 32 by 4-13%
+// (330-366 vs 304-346 TFLOP/s); paged 64 loses 4-8% against 32 with row offsets (267-302 vs 281-311).
+#ifndef ASTRAI_PREFILL_HD128_SUBN
+#define ASTRAI_PREFILL_HD128_SUBN 64
+#endif
+#ifndef ASTRAI_PREFILL_HD128_SUBN_PAGED
+#define ASTRAI_PREFILL_HD128_SUBN_PAGED 32
+#endif
+
 #if defined(__CUDACC__)
 #define ASTRAI_HD __host__ __device__ __forceinline__
 #else
