@@ -14,10 +14,10 @@
 # build). Only when no registration is usable do the build/*/tests/*_test binaries run directly, and the
 # summary says why. ASTRAI_CTEST_DIR=<build>/csrc picks one registration where several builds exist.
 #
-# Commit: results are recorded under the commit they measure. With git here, HEAD; without (a copied tree),
-# set ASTRAI_GIT_COMMIT=<sha> on the call (e.g. ASTRAI_GIT_COMMIT=$(git rev-parse --short=12 HEAD) on the
-# machine that copied the tree); else the git revision recorded in the native image's image.json (the commit
-# it was built from, blind to uncommitted changes). It is exported to every tier (the bench JSON's commit_info,
+# Commit: results are recorded under the commit they measure: ASTRAI_GIT_COMMIT=<sha> when given (set it on the
+# call, e.g. ASTRAI_GIT_COMMIT=$(git rev-parse --short=12 HEAD) on the machine that copied the tree: a copied
+# tree may carry an older .git than its files, as on the lent H200), else git's HEAD here, else the git revision
+# recorded in the native image's image.json (the commit it was built from, blind to uncommitted changes). It is exported to every tier (the bench JSON's commit_info,
 # hence bench-gate, benchmarks/history and the dashboard) and printed in the summary with its source.
 #
 # Dashboard: rendered where matplotlib is (the CPU side when the GPU machine lacks it) from $OUT's JSON:
@@ -74,11 +74,11 @@ test_bins=$(ls build/*/tests/*_test 2>/dev/null | tr '\n' ' ')
 ctest_dir=$($PY ci/sanitize.py --locate-ctest "$OUT/ctest" 2>"$OUT/ctest-locate.log")
 ctest_how=$(tail -n 1 "$OUT/ctest-locate.log")
 command -v ctest >/dev/null || { ctest_how="ctest is not on PATH (${ctest_how})"; ctest_dir=""; }
-# The commit the results belong to (see the header): git, else $ASTRAI_GIT_COMMIT, else the image's revision.
-if git_head=$(git rev-parse --short=12 HEAD 2>/dev/null); then
-  ASTRAI_GIT_COMMIT=$git_head; commit_source=git
-elif [ -n "${ASTRAI_GIT_COMMIT:-}" ]; then
+# The commit the results belong to (see the header): $ASTRAI_GIT_COMMIT, else git, else the image's revision.
+if [ -n "${ASTRAI_GIT_COMMIT:-}" ]; then
   commit_source="ASTRAI_GIT_COMMIT (set by the caller)"
+elif git_head=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+  ASTRAI_GIT_COMMIT=$git_head; commit_source=git
 else
   ASTRAI_GIT_COMMIT=$($PY -c "import json, sys; print(json.load(open(sys.argv[1])).get('git_revision') or '')" \
     "$(ls astrai/extension/lib/cu*/image.json 2>/dev/null | tail -1)" 2>/dev/null)

@@ -5,6 +5,8 @@ the chosen image's recorded git revision (gpu_timing.commit)."""
 
 from __future__ import annotations
 
+import os
+
 import sys
 from pathlib import Path
 
@@ -30,8 +32,11 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
 
 def pytest_benchmark_update_commit_info(config, commit_info):
-    """pytest-benchmark records "unversioned" outside a git tree: name the commit from the environment or the
-    image instead (git itself, when present, was already asked by pytest-benchmark)."""
+    """Name the commit a run measures: $ASTRAI_GIT_COMMIT when set (a tree copied to a GPU machine may carry an
+    older .git than its files), else git's answer (pytest-benchmark asked it), else the image's revision."""
+    if os.environ.get("ASTRAI_GIT_COMMIT", "").strip() not in gpu_timing.UNVERSIONED:
+        commit_info["id"], commit_info["source"] = os.environ["ASTRAI_GIT_COMMIT"].strip(), "ASTRAI_GIT_COMMIT"
+        return
     if str(commit_info.get("id") or "") not in gpu_timing.UNVERSIONED:
         commit_info.setdefault("source", "git")
         return

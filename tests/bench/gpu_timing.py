@@ -97,10 +97,13 @@ UNVERSIONED = ("", "unknown", "unversioned")  # what pytest-benchmark and the bu
 
 
 def commit(use_git: bool = True) -> tuple[str, str]:
-    """(commit, where it came from) for a result: git in the working tree (unless `use_git` is False), else
-    $ASTRAI_GIT_COMMIT (ci/gpu_run.sh exports it; set it when copying a tree without .git to a GPU machine),
-    else the git revision recorded in the chosen image's image.json (the commit the image was built from,
-    which may predate uncommitted changes), else "unknown"."""
+    """(commit, where it came from) for a result: $ASTRAI_GIT_COMMIT when set (ci/gpu_run.sh exports it; set it
+    when copying a tree to a GPU machine: a copied .git there may name an older commit than the files, as seen
+    on the lent H200), else git in the working tree (unless `use_git` is False), else the git revision recorded
+    in the chosen image's image.json (the commit the image was built from, which may predate uncommitted
+    changes), else "unknown"."""
+    if os.environ.get("ASTRAI_GIT_COMMIT", "").strip() not in UNVERSIONED:
+        return os.environ["ASTRAI_GIT_COMMIT"].strip(), "ASTRAI_GIT_COMMIT"
     if use_git:
         try:
             out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
@@ -109,8 +112,6 @@ def commit(use_git: bool = True) -> tuple[str, str]:
                 return out.stdout.strip(), "git"
         except (OSError, subprocess.SubprocessError):
             pass
-    if os.environ.get("ASTRAI_GIT_COMMIT", "").strip() not in UNVERSIONED:
-        return os.environ["ASTRAI_GIT_COMMIT"].strip(), "ASTRAI_GIT_COMMIT"
     try:
         desc = loader.describe()
         chosen = (desc.get("chosen") or {}).get("image")

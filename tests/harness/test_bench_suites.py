@@ -87,6 +87,9 @@ def test_commit_outside_git_comes_from_the_environment_then_the_image(monkeypatc
     info = {"id": "unversioned"}
     hook(None, info)
     assert info == {"id": "feedbeefcafe", "source": "ASTRAI_GIT_COMMIT"}
+    info = {"id": "0123abc", "dirty": False}  # an explicit commit wins over a (possibly stale) copied .git
+    hook(None, info)
+    assert info["id"] == "feedbeefcafe" and info["source"] == "ASTRAI_GIT_COMMIT"
     monkeypatch.delenv("ASTRAI_GIT_COMMIT")
     monkeypatch.setattr(gpu_timing.loader, "describe", lambda: {
         "chosen": {"image": "cu130"}, "images": [{"name": "cu130", "git_revision": "cffc293a7ea8"}]})

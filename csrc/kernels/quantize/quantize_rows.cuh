@@ -35,14 +35,12 @@ constexpr int kUnroll = 4;
 enum class RowsMode : int { kStatic = 0, kDynamicRow = 1, kGroup = 2, kColumn = 3 };
 
 // Blocks per SM the compiler must fit (its register cap: 2 -> 128, 4 -> 64 per thread). 4 where the code fits
-// 64 registers without spilling (bf16, 16-byte moves, static and group multipliers on sm_89 / sm_90: checked
-// with -Xptxas -v; sm_80 and sm_120 spill a few bytes there): 1024 threads x 128 bytes of loads in flight per
-// SM; 2 elsewhere (dynamic rows hold 256 bytes per thread).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 890 && __CUDA_ARCH__ != 900
-constexpr bool kRowsFourBlocks = false;
-#else
+// 64 registers (bf16, 16-byte moves, static and group multipliers; sm_80 and sm_120 spill a few bytes there):
+// 1024 threads x 128 bytes of loads in flight per SM; 2 elsewhere (dynamic rows hold 256 bytes per thread).
+// The same on every arch: it is a template argument, and a host pass that names an instantiation some device
+// pass did not build makes the launch fail with cudaErrorInvalidDeviceFunction (seen on the H200 with a
+// per-arch choice in a four-arch image, 2026-11-29).
 constexpr bool kRowsFourBlocks = true;
-#endif
 template <QuantIn kIn, bool kVec, RowsMode kMode>
 constexpr int rows_min_blocks() {
   return kRowsFourBlocks && kIn == QuantIn::kBF16 && kVec && (kMode == RowsMode::kStatic || kMode == RowsMode::kGroup)
