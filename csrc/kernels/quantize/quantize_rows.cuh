@@ -38,8 +38,8 @@ enum class RowsMode : int { kStatic = 0, kDynamicRow = 1, kGroup = 2, kColumn = 
 // 64 registers (bf16, 16-byte moves, static and group multipliers; sm_80 and sm_120 spill a few bytes there):
 // 1024 threads x 128 bytes of loads in flight per SM; 2 elsewhere (dynamic rows hold 256 bytes per thread).
 // The same on every arch: it is a template argument, and a host pass that names an instantiation some device
-// pass did not build makes the launch fail with cudaErrorInvalidDeviceFunction (seen on the H200 with a
-// per-arch choice in a four-arch image, 2026-11-29).
+// pass did not build is undefined (a four-arch image with a per-arch choice failed these launches on the H200
+// with cudaErrorInvalidDeviceFunction, 2026-11-29; the rebuild without it passed).
 constexpr bool kRowsFourBlocks = true;
 template <QuantIn kIn, bool kVec, RowsMode kMode>
 constexpr int rows_min_blocks() {
