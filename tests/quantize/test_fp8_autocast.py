@@ -21,6 +21,7 @@ import torch
 
 import astrai.extension as ae
 from astrai.extension.backend import quantize as backend
+from support.fp8_training import DELAYED, DELAYED_IDS, assert_same_training, train
 
 KEYS = {"cpu": ("AutogradCPU", "CPU"), "cuda": ("AutogradCUDA", "CUDA")}
 
@@ -280,116 +281,7 @@ def test_recipes_and_devices_validate():
 
 # --- delayed scaling: the device ring against the Python ring it replaced --------------------------------------------
 
-class PythonRing:
-    """The model: `DelayedScaling`'s history before the fold op, verbatim (the slot a Python int, a tensor write
-    per step, the multiplier recomputed from the ring)."""
-
-    def __init__(self, length: int, device, *, qmax: float = 0.0, margin: int = 0):
-        self.ring = torch.zeros(length, dtype=torch.float32, device=device)
-        self.pos = 0
-        self.steps = 0
-
-    def scale(self, fp8_max: float, margin: int) -> torch.Tensor | None:
-        if self.steps == 0:
-            return None
-        mul, _ = backend.scale_from_amax_torch(self.ring.amax().reshape(1), fp8_max, False)
-        return mul / (2.0 ** margin)
-
-    def fold(self, amax: torch.Tensor) -> None:
-        self.ring[self.pos] = amax.reshape(())
-        self.pos = (self.pos + 1) % self.ring.numel()
-        self.steps += 1
-
-
-def python_quantize_both(t, dtype, recipe, history):
-    """The model of `_quantize_both` before the fold op, verbatim: `1.0 / mul` in Python for scale_inv."""
-    mul = history.scale(backend.FP8_MAX[dtype], recipe.margin) if history is not None else None
-    if mul is None:
-        q, q_t, inv = backend.quantize_fp8_dynamic(t, dtype, granularity="tensor", layout="dual")
-        if history is not None:
-            history.fold(t.detach().abs().amax().float())
-        return q, q_t, inv.reshape(())
-    q, q_t, amax = backend.quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
-    history.fold(amax)
-    return q, q_t, (1.0 / mul).reshape(())
-
-
-_device_quantize_both = backend._quantize_both
-
-
-def stale_inverse_quantize_both(t, dtype, recipe, history):
-    """A wrong variant for the negative control: scale_inv read after the fold (the next step's)."""
-    mul = history.scale() if history is not None else None
-    if mul is None:
-        return _device_quantize_both(t, dtype, recipe, history)
-    q, q_t, amax = backend.quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
-    history.fold(amax)
-    return q, q_t, history.scale_inv().reshape(())
-
-
-def train(recipe, device: str, steps: int, variant: str = "device"):
-    """A small MLP trained with SGD inside one fp8_autocast object; inputs change scale and carry an outlier every
-    third step, so the rings' maxima rise and roll out. variant "device": the code under test; "python": the
-    Python ring and `_quantize_both` it replaced; "stale": the negative control. Returns per step the output and
-    the gradients as bits, and the (scale, scale_inv, ring, pos) of every role of every layer."""
-    with pytest.MonkeyPatch.context() as patch:
-        if variant == "python":
-            patch.setattr(backend, "_History", PythonRing)
-            patch.setattr(backend, "_quantize_both", python_quantize_both)
-        elif variant == "stale":
-            patch.setattr(backend, "_quantize_both", stale_inverse_quantize_both)
-        return _train(recipe, device, steps, variant)
-
-
-def _train(recipe, device, steps, variant):
-    gen = torch.Generator().manual_seed(5)
-    torch.manual_seed(11)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).to(
-        device, torch.bfloat16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    ctx = ae.fp8_autocast(recipe=recipe, devices=(device,))
-    fwd, bwd = (backend.FP8_MAX[d] for d in backend._FORMATS[recipe.fp8_format])
-    record = []
-    for step in range(steps):
-        x = torch.randn(2, 16, 64, generator=gen) * (1.0 + 3.0 * (step % 4))
-        if step % 3 == 0:
-            x[0, 0, step % 64] = 40.0 * (step + 1)
-        x = x.to(device, torch.bfloat16)
-        opt.zero_grad()
-        with ctx:
-            out = model(x)
-        out.float().pow(2).mean().backward()
-        states = []
-        for layer in (model[0], model[2]):
-            for role, qmax in (("x", fwd), ("w", fwd), ("g", bwd)):
-                h = ctx.states[id(layer.weight)][1][role]
-                if variant == "python":
-                    mul = h.scale(qmax, recipe.margin)
-                    states.append((mul, 1.0 / mul, h.ring, torch.tensor(h.pos)))
-                else:
-                    a = h.amax_history
-                    states.append((h.scale(), h.scale_inv(), a.ring, a.pos))
-        # clone: the device state is updated in place by the next step
-        record.append(([_bits(out).clone()] + [_bits(p.grad).clone() for p in model.parameters()],
-                       [[(_bits(t) if t.is_floating_point() else t).cpu().clone() for t in s] for s in states]))
-        opt.step()
-    return record
-
-
-def assert_same_training(got, want):
-    for step, ((g_tensors, g_states), (w_tensors, w_states)) in enumerate(zip(got, want)):
-        for i, (g, w) in enumerate(zip(g_tensors, w_tensors)):
-            assert torch.equal(g.cpu(), w.cpu()), f"step {step}: {'output' if i == 0 else f'grad {i - 1}'} differs"
-        for j, (gs, ws) in enumerate(zip(g_states, w_states)):
-            for name, g, w in zip(("scale", "scale_inv", "ring", "pos"), gs, ws):
-                assert torch.equal(g.reshape(-1), w.reshape(-1)), f"step {step}, history {j}: {name} differs"
-
-
-DELAYED = [ae.DelayedScaling(amax_history_len=4), ae.DelayedScaling(amax_history_len=3, margin=2, fp8_format="e4m3"),
-           ae.DelayedScaling(amax_history_len=1)]
-
-
-@pytest.mark.parametrize("recipe", DELAYED, ids=["len4", "len3-margin2-e4m3", "len1"])
+@pytest.mark.parametrize("recipe", DELAYED, ids=DELAYED_IDS)
 def test_delayed_training_loop_matches_the_python_ring_bitwise(recipe):
     steps = 3 * recipe.amax_history_len + 4
     want = train(recipe, "cpu", steps, "python")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from astrai.extension import quantize as aq
-from astrai.extension.backend import quantize as backend
 from astrai.extension.ops import quantize as ops
+from support.fp8_training import PythonRing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_cuda_kernels("quantize")]
 
@@ -33,26 +33,6 @@ def amax_sequence(steps: int, gen: torch.Generator) -> list[float]:
 
 def bits(t: torch.Tensor) -> list[int]:
     return t.detach().float().reshape(-1).cpu().view(torch.int32).tolist()
-
-
-class PythonRing:
-    """The model: `DelayedScaling`'s history before the fold op, verbatim (the slot a Python int)."""
-
-    def __init__(self, length: int, device="cpu"):
-        self.ring = torch.zeros(length, dtype=torch.float32, device=device)
-        self.pos = 0
-        self.steps = 0
-
-    def scale(self, fp8_max: float, margin: int) -> torch.Tensor | None:
-        if self.steps == 0:
-            return None
-        mul, _ = backend.scale_from_amax_torch(self.ring.amax().reshape(1), fp8_max, False)
-        return mul / (2.0 ** margin)
-
-    def fold(self, amax: torch.Tensor) -> None:
-        self.ring[self.pos] = amax.reshape(())
-        self.pos = (self.pos + 1) % self.ring.numel()
-        self.steps += 1
 
 
 @pytest.mark.parametrize("length", [1, 3, 16, 1000])
