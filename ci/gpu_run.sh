@@ -46,7 +46,7 @@ declare -A status seconds detail
 # bench: three suites (rotary, quantize, attention), sized for <= 150 s on an H200 (rotary alone measured 36 s);
 # the limit leaves room for a slow node.
 declare -A TIER_LIMIT=([info]=60 [cu-tests]=120 [sanitize]=240 [test-gpu]=180 [test-gpu-ptx80]=150
-  [test-gpu-ptx89]=150 [bench]=240 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=180)
+  [test-gpu-ptx89]=150 [bench]=240 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=300)
 for kv in ${TIER_LIMITS:-}; do TIER_LIMIT[${kv%%=*}]=${kv#*=}; done  # e.g. TIER_LIMITS="test-gpu=300 bench=200"
 START=$SECONDS
 
