@@ -60,17 +60,16 @@ def _run(cuobjdump: str, flag: str, path: Path) -> str:
     return proc.stdout
 
 
-def parse_sass(text: str) -> dict[str, dict[str, list[str]]]:
-    """{arch: {function: [normalized instruction lines]}} from `cuobjdump -sass` output. Addresses and layout
-    whitespace are dropped; the instruction text and its encoding are kept."""
-    out: dict[str, dict[str, list[str]]] = {}
+def _elf_lines(text: str):
+    """(arch, line) for each line of cuobjdump's ELF sections once their arch is known (the "Fatbin ptx" sections
+    and the headers are skipped); the arch line itself is consumed."""
     arch = None
     elf = False
-    function = None
     for line in text.splitlines():
         section = _SECTION.match(line)
         if section:
-            elf, arch, function = section.group(1) == "elf", None, None
+            elf, arch = section.group(1) == "elf", None
+            yield None, line  # a new section: the callers forget their current function
             continue
         if not elf:
             continue
@@ -78,8 +77,20 @@ def parse_sass(text: str) -> dict[str, dict[str, list[str]]]:
         if m:
             arch = m.group(1)
             continue
+        yield arch, line
+
+
+def parse_sass(text: str) -> dict[str, dict[str, list[str]]]:
+    """{arch: {function: [normalized instruction lines]}} from `cuobjdump -sass` output. Addresses and layout
+    whitespace are dropped; the instruction text and its encoding are kept."""
+    out: dict[str, dict[str, list[str]]] = {}
+    function = None
+    for arch, line in _elf_lines(text):
+        if arch is None:
+            function = None
+            continue
         m = _FUNCTION.match(line)
-        if m and arch:
+        if m:
             function = m.group(1)
             out.setdefault(arch, {})[function] = []
             continue
@@ -93,28 +104,18 @@ def parse_sass(text: str) -> dict[str, dict[str, list[str]]]:
 def parse_registers(text: str) -> dict[str, dict[str, int]]:
     """{arch: {function: registers}} from `cuobjdump -res-usage` output (ELF sections only)."""
     out: dict[str, dict[str, int]] = {}
-    arch = None
-    elf = False
     function = None
-    for line in text.splitlines():
-        section = _SECTION.match(line)
-        if section:
-            elf, arch, function = section.group(1) == "elf", None, None
-            continue
-        if not elf:
-            continue
-        m = _ARCH.match(line)
-        if m:
-            arch = m.group(1)
+    for arch, line in _elf_lines(text):
+        if arch is None:
+            function = None
             continue
         m = _RES_FUNCTION.match(line)
         if m:
             function = m.group(1)
             continue
         m = _REG.search(line)
-        if m and arch and function:
+        if m and function:
             out.setdefault(arch, {})[function] = int(m.group(1))
-            function = None
     return out
 
 
