@@ -46,6 +46,18 @@ void check_vec_layout(const char* op, const char* name, const Tensor& t) {
         "elements, got strides ", binding::strides_str(t), " (call .contiguous())");
 }
 
+// q, K and V: the 16-byte layout, then one CUDA device (device checks last, so that a CPU-dispatched call
+// reports every other fault first).
+void check_qkv(const char* op, const Tensor& q, const Tensor& k, const char* kname, const Tensor& v,
+               const char* vname) {
+  check_vec_layout(op, "q", q);
+  check_vec_layout(op, kname, k);
+  check_vec_layout(op, vname, v);
+  binding::check_cuda_device(op, "q", q);
+  binding::check_same_device(op, kname, k, "q", q);
+  binding::check_same_device(op, vname, v, "q", q);
+}
+
 void check_int32_vector(const char* op, const char* name, const Tensor& t, int64_t size, const char* what) {
   binding::check_dtype(op, name, t, ScalarType::Int);
   binding::check_rank(op, name, t, 1, what);
@@ -150,13 +162,7 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
   }
   check(std::isfinite(a.scale) && a.scale != 0.0, op, "scale must be finite and non-zero, got ", a.scale);
   check(a.kv_split_size >= 0, op, "kv_split_size must be >= 0 (0: automatic), got ", a.kv_split_size);
-  check_vec_layout(op, "q", a.q);
-  check_vec_layout(op, kname, a.k);
-  check_vec_layout(op, vname, a.v);
-
-  binding::check_cuda_device(op, "q", a.q);
-  binding::check_same_device(op, kname, a.k, "q", a.q);
-  binding::check_same_device(op, vname, a.v, "q", a.q);
+  check_qkv(op, a.q, a.k, kname, a.v, vname);
   if (paged) binding::check_same_device(op, "page_table", *a.page_table, "q", a.q);
   if (a.kv_lens) binding::check_same_device(op, "kv_lens", *a.kv_lens, "q", a.q);
   if (a.mask) binding::check_same_device(op, "mask", *a.mask, "q", a.q);
@@ -385,13 +391,7 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
           "; pass the [B, M] key mask itself or call .contiguous()");
   }
   check(std::isfinite(a.scale) && a.scale != 0.0, op, "scale must be finite and non-zero, got ", a.scale);
-  check_vec_layout(op, "q", a.q);
-  check_vec_layout(op, kname, a.k);
-  check_vec_layout(op, vname, a.v);
-
-  binding::check_cuda_device(op, "q", a.q);
-  binding::check_same_device(op, kname, a.k, "q", a.q);
-  binding::check_same_device(op, vname, a.v, "q", a.q);
+  check_qkv(op, a.q, a.k, kname, a.v, vname);
   if (ragged_q) binding::check_same_device(op, "qo_indptr", *a.qo_indptr, "q", a.q);
   if (ragged_kv) binding::check_same_device(op, "kv_indptr", *a.kv_indptr, "q", a.q);
   if (paged) binding::check_same_device(op, "page_table", *a.page_table, "q", a.q);
