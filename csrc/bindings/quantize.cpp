@@ -26,6 +26,7 @@ constexpr const char* kOpDynamic = "astrai.quantize_dynamic";
 constexpr const char* kOpBlock = "astrai.quantize_block";
 constexpr const char* kOpLayout = "astrai.scale_layout";
 constexpr const char* kOpFold = "astrai.amax_history_fold";
+constexpr const char* kOpDelayed = "astrai.quantize_delayed";
 
 constexpr int64_t kGroup = 128;  // columns of one block / group
 
@@ -359,29 +360,48 @@ Tensor scale_layout_cpu(const Tensor& sf, bool pack_ue8m0) {
 
 // ---- amax_history_fold (the delayed-scaling ring fold, in place) ------------------------------------------
 
-// A one-element float32 / int64 tensor.
-void check_scalar_tensor(const char* name, const Tensor& t, ScalarType dtype) {
-  binding::check_dtype(kOpFold, name, t, dtype);
-  check(t.numel() == 1, kOpFold, name, " must hold one element, got shape ", binding::shape_str(t));
-  binding::check_element_aligned(kOpFold, name, t);
+// A one-element float32 / int64 / int32 tensor.
+void check_scalar_tensor(const char* op, const char* name, const Tensor& t, ScalarType dtype) {
+  binding::check_dtype(op, name, t, dtype);
+  check(t.numel() == 1, op, name, " must hold one element, got shape ", binding::shape_str(t));
+  binding::check_element_aligned(op, name, t);
+}
+
+// The ring state of a fold (ring, pos, scale, scale_inv): dtypes and shapes.
+void check_ring(const char* op, const Tensor& ring, const Tensor& pos, const Tensor& scale,
+                const std::optional<Tensor>& scale_inv, int64_t margin) {
+  binding::check_dtype(op, "ring", ring, ScalarType::Float);
+  binding::check_rank(op, "ring", ring, 1, "[history_len]");  // ring: (history_len,)
+  check(ring.numel() >= 1, op, "ring must hold at least one slot, got shape ", binding::shape_str(ring));
+  check(ring.numel() <= 1 || ring.stride(0) == 1, op, "ring must be contiguous, got strides ",
+        binding::strides_str(ring));
+  binding::check_element_aligned(op, "ring", ring);
+  check_scalar_tensor(op, "pos", pos, ScalarType::Long);
+  check_scalar_tensor(op, "scale", scale, ScalarType::Float);
+  if (scale_inv.has_value()) check_scalar_tensor(op, "scale_inv", *scale_inv, ScalarType::Float);
+  check(margin >= 0 && margin <= (int64_t(1) << 30), op, "margin must be in [0, 2^30], got ", margin);
+}
+
+AmaxHistoryParams ring_params(const Tensor& ring, const Tensor& pos, const Tensor& scale,
+                              const std::optional<Tensor>& scale_inv, double qmax, int64_t margin) {
+  AmaxHistoryParams p{};
+  p.ring_ptr = static_cast<float*>(ring.data_ptr());
+  p.pos_ptr = static_cast<int64_t*>(pos.data_ptr());
+  p.scale_ptr = static_cast<float*>(scale.data_ptr());
+  p.scale_inv_ptr = scale_inv.has_value() ? static_cast<float*>(scale_inv->data_ptr()) : nullptr;
+  p.len = ring.numel();
+  p.qmax = float(qmax);
+  p.margin = int32_t(margin);
+  return p;
 }
 
 // Dtypes and shapes first, devices last (as the other ops): a CPU call reports a bad argument before "must be
 // a CUDA tensor".
 void validate_fold(const Tensor& ring, const Tensor& pos, const Tensor& scale, const std::optional<Tensor>& scale_inv,
                    const Tensor& amax, double qmax, int64_t margin) {
-  binding::check_dtype(kOpFold, "ring", ring, ScalarType::Float);
-  binding::check_rank(kOpFold, "ring", ring, 1, "[history_len]");  // ring: (history_len,)
-  check(ring.numel() >= 1, kOpFold, "ring must hold at least one slot, got shape ", binding::shape_str(ring));
-  check(ring.numel() <= 1 || ring.stride(0) == 1, kOpFold, "ring must be contiguous, got strides ",
-        binding::strides_str(ring));
-  binding::check_element_aligned(kOpFold, "ring", ring);
-  check_scalar_tensor("pos", pos, ScalarType::Long);
-  check_scalar_tensor("scale", scale, ScalarType::Float);
-  if (scale_inv.has_value()) check_scalar_tensor("scale_inv", *scale_inv, ScalarType::Float);
-  check_scalar_tensor("amax", amax, ScalarType::Float);
+  check_ring(kOpFold, ring, pos, scale, scale_inv, margin);
+  check_scalar_tensor(kOpFold, "amax", amax, ScalarType::Float);
   check(qmax > 0.0 && qmax <= 3.4028234663852886e38, kOpFold, "qmax must be finite and > 0, got ", qmax);
-  check(margin >= 0 && margin <= (int64_t(1) << 30), kOpFold, "margin must be in [0, 2^30], got ", margin);
   binding::check_cuda_device(kOpFold, "ring", ring);
   binding::check_same_device(kOpFold, "pos", pos, "ring", ring);
   binding::check_same_device(kOpFold, "scale", scale, "ring", ring);
@@ -393,15 +413,8 @@ void amax_history_fold_cuda(const Tensor& ring, const Tensor& pos, const Tensor&
                             const std::optional<Tensor>& scale_inv, const Tensor& amax, double qmax, int64_t margin) {
   validate_fold(ring, pos, scale, scale_inv, amax, qmax, margin);
   torch::stable::accelerator::DeviceGuard guard(ring.get_device_index());
-  AmaxHistoryParams p{};
-  p.ring_ptr = static_cast<float*>(ring.data_ptr());
-  p.pos_ptr = static_cast<int64_t*>(pos.data_ptr());
+  AmaxHistoryParams p = ring_params(ring, pos, scale, scale_inv, qmax, margin);
   p.amax_ptr = static_cast<const float*>(amax.data_ptr());
-  p.scale_ptr = static_cast<float*>(scale.data_ptr());
-  p.scale_inv_ptr = scale_inv.has_value() ? static_cast<float*>(scale_inv->data_ptr()) : nullptr;
-  p.len = ring.numel();
-  p.qmax = float(qmax);
-  p.margin = int32_t(margin);
   const int32_t dev = ring.get_device_index();
   const cudaStream_t stream = binding::current_cuda_stream(kOpFold, dev);
   std::ostringstream cfg;
@@ -412,6 +425,68 @@ void amax_history_fold_cuda(const Tensor& ring, const Tensor& pos, const Tensor&
 void amax_history_fold_cpu(const Tensor& ring, const Tensor& pos, const Tensor& scale,
                            const std::optional<Tensor>& scale_inv, const Tensor& amax, double qmax, int64_t margin) {
   validate_fold(ring, pos, scale, scale_inv, amax, qmax, margin);
+}
+
+
+// ---- quantize_delayed (per-tensor multiplier + fused amax + the ring fold, one launch) --------------------
+
+void validate_delayed(const Tensor& x, const Tensor& scale, const Tensor& ring, const Tensor& pos,
+                      const std::optional<Tensor>& scale_inv, const Tensor& workspace, ScalarType out_dtype,
+                      int64_t layout, int64_t margin, QuantIn* in, QuantOut* out_type, float* qmax) {
+  *in = check_x(kOpDelayed, x);
+  check_layout(kOpDelayed, layout);
+  *out_type = check_out_dtype(kOpDelayed, out_dtype, false, qmax);
+  check_ring(kOpDelayed, ring, pos, scale, scale_inv, margin);
+  check_scalar_tensor(kOpDelayed, "workspace", workspace, ScalarType::Int);
+  binding::check_cuda_device(kOpDelayed, "x", x);
+  binding::check_same_device(kOpDelayed, "scale", scale, "x", x);
+  binding::check_same_device(kOpDelayed, "ring", ring, "x", x);
+  binding::check_same_device(kOpDelayed, "pos", pos, "x", x);
+  if (scale_inv.has_value()) binding::check_same_device(kOpDelayed, "scale_inv", *scale_inv, "x", x);
+  binding::check_same_device(kOpDelayed, "workspace", workspace, "x", x);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cuda(const Tensor& x, const Tensor& scale, const Tensor& ring,
+                                                                 const Tensor& pos, const std::optional<Tensor>& scale_inv,
+                                                                 const Tensor& workspace, ScalarType out_dtype,
+                                                                 int64_t layout, int64_t margin) {
+  QuantIn in{};
+  QuantOut out_type{};
+  float qmax = 0.0f;
+  validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin, &in, &out_type, &qmax);
+  torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
+  const int64_t M = x.size(0), N = x.size(1);
+  QuantizeParams p = base_params(x, in, out_type, qmax);
+  Tensor out = layout != 1 ? torch::stable::new_empty(x, {M, N}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
+  Tensor out_t = layout != 0 ? torch::stable::new_empty(x, {N, M}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
+  Tensor amax_t = torch::stable::new_zeros(x, {1}, ScalarType::Float);
+  Tensor step_inv = torch::stable::new_empty(x, {1}, ScalarType::Float);
+  p.out_ptr = layout != 1 ? out.data_ptr() : nullptr;
+  p.out_t_ptr = layout != 0 ? out_t.data_ptr() : nullptr;
+  p.scale_ptr = static_cast<const float*>(scale.data_ptr());
+  p.scale_kind = QuantScale::kTensor;
+  p.amax_kind = QuantAmax::kTensor;
+  p.amax_ptr = static_cast<float*>(amax_t.data_ptr());
+  p.fold = ring_params(ring, pos, scale, scale_inv, qmax, margin);
+  p.fold_counter_ptr = static_cast<uint32_t*>(workspace.data_ptr());
+  p.step_scale_inv_ptr = static_cast<float*>(step_inv.data_ptr());
+  const cudaStream_t stream = binding::current_cuda_stream(kOpDelayed, x.get_device_index());
+  binding::check_cuda_status(quantize_launch(p, stream), kOpDelayed,
+                             config_str("quantize_delayed", x,
+                                        layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
+                                        x.get_device_index()));
+  return std::make_tuple(out, out_t, amax_t, step_inv);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cpu(const Tensor& x, const Tensor& scale, const Tensor& ring,
+                                                                const Tensor& pos, const std::optional<Tensor>& scale_inv,
+                                                                const Tensor& workspace, ScalarType out_dtype,
+                                                                int64_t layout, int64_t margin) {
+  QuantIn in{};
+  QuantOut out_type{};
+  float qmax = 0.0f;
+  validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin, &in, &out_type, &qmax);
+  fail(kOpDelayed, "x must be a CUDA tensor, got ", binding::device_name(x));
 }
 
 }  // namespace
@@ -430,6 +505,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "amax_history_fold(Tensor(a!) ring, Tensor(b!) pos, Tensor(c!) scale, Tensor(d!)? scale_inv, Tensor amax, "
       "float qmax, int margin) -> ()");
+  m.def(
+      "quantize_delayed(Tensor x, Tensor(a!) scale, Tensor(b!) ring, Tensor(c!) pos, Tensor(d!)? scale_inv, "
+      "Tensor(e!) workspace, ScalarType out_dtype, int layout, int margin) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
@@ -438,6 +516,7 @@ STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
   m.impl("quantize_block", TORCH_BOX(&astrai::quantize_block_cuda));
   m.impl("scale_layout", TORCH_BOX(&astrai::scale_layout_cuda));
   m.impl("amax_history_fold", TORCH_BOX(&astrai::amax_history_fold_cuda));
+  m.impl("quantize_delayed", TORCH_BOX(&astrai::quantize_delayed_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
@@ -446,4 +525,5 @@ STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
   m.impl("quantize_block", TORCH_BOX(&astrai::quantize_block_cpu));
   m.impl("scale_layout", TORCH_BOX(&astrai::scale_layout_cpu));
   m.impl("amax_history_fold", TORCH_BOX(&astrai::amax_history_fold_cpu));
+  m.impl("quantize_delayed", TORCH_BOX(&astrai::quantize_delayed_cpu));
 }

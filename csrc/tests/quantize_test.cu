@@ -168,7 +168,7 @@ struct Case {
   int64_t offset = 0;   // x base offset in elements (odd: misaligned, element path)
   bool pow2 = false;
   int max_blocks = 0;
-  int transpose_variant = -1;  // >= 0: quantize_transpose_launch_variant (0, 8, 16) instead of quantize_launch
+  int transpose_variant = -2;  // >= -1: quantize_transpose_launch_variant (-1 by size, 0, 8, 16) instead of quantize_launch
   bool persistent = false;     // with transpose_variant: the resident grid
 
   std::string name() const {
@@ -176,7 +176,7 @@ struct Case {
     std::snprintf(buf, sizeof buf, "%s->%s %s layout=%d amax=%d %" PRId64 "x%" PRId64 " pad=%" PRId64
                   " off=%" PRId64 "%s%s", in_name(in), out_name(out), kind_name(kind), layout, int(amax), rows, cols,
                   pad, offset, pow2 ? " pow2" : "", max_blocks ? " grid-loop" : "");
-    if (transpose_variant >= 0) {
+    if (transpose_variant >= -1) {
       const size_t n = std::strlen(buf);
       std::snprintf(buf + n, sizeof buf - n, " variant=%d%s", transpose_variant, persistent ? " resident" : "");
     }
@@ -301,7 +301,7 @@ ErrorStats run_case(const Case& c, Rng& rng) {
       default: break;
     }
     if (st == cudaSuccess) {
-      st = c.transpose_variant >= 0 && p.out_t_ptr != nullptr
+      st = c.transpose_variant >= -1 && p.out_t_ptr != nullptr
                ? quantize_detail::quantize_transpose_launch_variant(p, nullptr, c.transpose_variant, c.persistent)
                : quantize_launch(p, nullptr);
     }
@@ -522,16 +522,16 @@ std::vector<Case> make_cases(bool small) {
         c.max_blocks = max_blocks;
         if (!small || max_blocks) cases.push_back(c);
       }
-  // Every transposed kernel by name (production picks one): awkward rows (1, 19, 989; 4100 and 2437: word and
-  // byte out_t runs), columns off the 64-column tile, the element path (pad 3, offset 1), every scale kind and
-  // fused amax, both formats, looping grids.
+  // Every transposed kernel by name and the by-size choice (-1): awkward rows (1, 19, 989; 4100 and 2437: word
+  // and byte out_t runs), columns off the 256-column tile, the element path (pad 3, offset 1), every scale kind
+  // and fused amax, both formats, looping grids.
   {
     const std::vector<Shape> tshapes = small ? std::vector<Shape>{{19, 100, 0, 0}, {989, 136, 3, 1}}
                                              : std::vector<Shape>{{1, 48, 0, 0}, {19, 256, 0, 0}, {989, 100, 0, 0},
                                                                   {19, 100, 3, 1}, {67, 13, 0, 0}, {4100, 72, 0, 0},
-                                                                  {2437, 200, 8, 8}, {512, 136, 0, 0}};
+                                                                  {2437, 200, 8, 8}, {512, 136, 0, 0}, {130, 300, 0, 0}};
     int r = 0;
-    for (int variant : {0, 8, 16})
+    for (int variant : {-1, 0, 8, 16})
       for (QuantIn in : ins)
         for (int layout : {1, 2})
           for (const Shape& sh : tshapes) {

@@ -193,3 +193,99 @@ def test_negative_control_margin_off_by_one_is_detected():
     aq.fold_amax_history_torch(ring, pos, scale, torch.tensor([3.0]), qmax=448.0, margin=1)
     assert f32_bits(ring) == f32_bits(model.ring)
     assert f32_bits(scale) != f32_bits(model.scale(448.0, 0))
+
+
+# --- quantize_delayed (quantize + fold in one launch) with the image's library, no GPU ---------------------------
+
+DELAYED_SCHEMA = ("quantize_delayed(Tensor x, Tensor(a!) scale, Tensor(b!) ring, Tensor(c!) pos, Tensor(d!)? scale_inv, "
+                  "Tensor(e!) workspace, ScalarType out_dtype, int layout, int margin) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+@kernels
+def test_delayed_schema_matches_contract():
+    ops.load()
+    schema = torch.ops.astrai.quantize_delayed.default._schema
+    assert str(schema) == str(torch._C.parse_schema("astrai::" + DELAYED_SCHEMA))
+
+
+def _delayed_args(**change):
+    a = dict(x=torch.zeros(8, 16, dtype=torch.bfloat16), scale=torch.ones(1), ring=torch.zeros(8),
+             pos=torch.zeros(1, dtype=torch.int64), scale_inv=None, workspace=torch.zeros(1, dtype=torch.int32),
+             out_dtype=torch.float8_e4m3fn, layout=2, margin=0)
+    a.update(change)
+    return a
+
+
+BAD_DELAYED = [
+    ("x", "dtype", dict(x=torch.zeros(8, 16, dtype=torch.float64)), "must be bfloat16, float16 or float32"),
+    ("x", "rank", dict(x=torch.zeros(8, dtype=torch.bfloat16)), "must be 2-D"),
+    ("layout", "value", dict(layout=3), "must be 0"),
+    ("out_dtype", "int8", dict(out_dtype=torch.int8), "must be float8_e4m3fn or float8_e5m2"),
+    ("scale", "numel", dict(scale=torch.ones(2)), "must hold one element"),
+    ("scale", "dtype", dict(scale=torch.ones(1, dtype=torch.float16)), "must be float32"),
+    ("ring", "empty", dict(ring=torch.zeros(0)), "at least one slot"),
+    ("pos", "dtype", dict(pos=torch.zeros(1, dtype=torch.int32)), "must be int64"),
+    ("scale_inv", "numel", dict(scale_inv=torch.ones(2)), "must hold one element"),
+    ("workspace", "dtype", dict(workspace=torch.zeros(1, dtype=torch.int64)), "must be int32"),
+    ("workspace", "numel", dict(workspace=torch.zeros(2, dtype=torch.int32)), "must hold one element"),
+    ("margin", "negative", dict(margin=-2), r"must be in \[0, 2\^30\]"),
+]
+
+
+@kernels
+@pytest.mark.parametrize("argument,what,change,message", BAD_DELAYED, ids=[f"{a}-{w}" for a, w, _, _ in BAD_DELAYED])
+def test_delayed_validation_names_op_and_argument(argument, what, change, message):
+    ops.load()
+    a = _delayed_args(**change)
+    with pytest.raises(RuntimeError) as info:
+        torch.ops.astrai.quantize_delayed(*a.values())
+    text = str(info.value)
+    assert text.startswith("astrai.quantize_delayed: "), text
+    assert re.search(rf"\b{argument}\b", text) and re.search(message, text), text
+    assert "must be a CUDA tensor" not in text, f"validation ran after the device check: {text}"
+
+
+@kernels
+def test_delayed_on_cpu_tensors_raises_must_be_cuda():
+    ops.load()
+    a = _delayed_args()
+    with pytest.raises(RuntimeError, match=r"astrai\.quantize_delayed: x must be a CUDA tensor"):
+        ops.quantize_delayed(a["x"], a["scale"], a["ring"], a["pos"], a["workspace"])
+    assert int(a["pos"]) == 0 and torch.equal(a["ring"], torch.zeros(8))
+
+
+@kernels
+def test_delayed_fake_on_meta():
+    ops.load()
+    meta = dict(device="meta")
+    args = (torch.empty(24, 40, dtype=torch.bfloat16, **meta), torch.empty(1, **meta), torch.empty(16, **meta),
+            torch.empty(1, dtype=torch.int64, **meta), torch.empty(1, **meta),
+            torch.empty(1, dtype=torch.int32, **meta), torch.float8_e5m2, 2, 1)
+    out, out_t, amax, inv = torch.ops.astrai.quantize_delayed(*args)
+    assert out.shape == (24, 40) and out_t.shape == (40, 24) and out.dtype == torch.float8_e5m2
+    assert amax.shape == (1,) and inv.shape == (1,)
+    torch.library.opcheck(torch.ops.astrai.quantize_delayed.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_history_quantize_torch_path_is_quantize_then_fold():
+    """AmaxHistory.quantize on CPU (the torch path) equals quantize_fp8 with the multiplier, then the fold."""
+    gen = torch.Generator().manual_seed(21)
+    hist = aq.AmaxHistory(4, qmax=448.0, margin=1, device="cpu")
+    ring, pos = torch.zeros(4), torch.zeros(1, dtype=torch.int64)
+    scale, scale_inv = torch.ones(1), torch.ones(1)
+    for step in range(6):
+        x = (torch.randn(24, 40, generator=gen) * 4.0 ** step).bfloat16()
+        want_q, want_q_t, amax = aq.quantize_fp8(x, scale, layout="dual", amax="tensor", check_scale=False)
+        want_inv = scale_inv.clone()
+        aq.fold_amax_history_torch(ring, pos, scale, amax, qmax=448.0, margin=1, scale_inv=scale_inv)
+        q, q_t, inv = hist.quantize(x, torch.float8_e4m3fn, layout="dual")
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), f"q at step {step}"
+        assert torch.equal(q_t.view(torch.uint8), want_q_t.view(torch.uint8)), f"q_t at step {step}"
+        assert f32_bits(inv) == f32_bits(want_inv) and f32_bits(hist.scale) == f32_bits(scale)
+        assert f32_bits(hist.ring) == f32_bits(ring) and int(hist.pos) == int(pos)
+    assert hist.steps == 6
+    q, q_t, _ = hist.quantize(x, torch.float8_e4m3fn, layout="rowwise")
+    assert q_t is None and q.shape == x.shape
+    with pytest.raises(ValueError, match=r"AmaxHistory.quantize: dtype must be torch.float8_e4m3fn or torch.float8_e5m2"):
+        hist.quantize(x, torch.int8)

@@ -35,6 +35,9 @@ CONTRACT_SCHEMAS = {
     "quantize_block": "quantize_block(Tensor x, ScalarType out_dtype, int block_rows, bool pow2_scale,"
                       " bool scale_mn_major) -> (Tensor, Tensor)",
     "scale_layout": "scale_layout(Tensor sf, bool pack_ue8m0) -> Tensor",
+    "quantize_delayed": "quantize_delayed(Tensor x, Tensor(a!) scale, Tensor(b!) ring, Tensor(c!) pos,"
+                        " Tensor(d!)? scale_inv, Tensor(e!) workspace, ScalarType out_dtype, int layout, int margin)"
+                        " -> (Tensor, Tensor, Tensor, Tensor)",
 }
 
 
@@ -422,6 +425,13 @@ def test_opcheck_on_meta(name):
     args = {"quantize": (x, _meta(1, dtype=torch.float32), E4M3, 2, 1),
             "quantize_dynamic": (x, E4M3, 1, False, 0),
             "quantize_block": (x, E4M3, 128, True, True),
-            "scale_layout": (_meta(19, 9, dtype=torch.float32), True)}[name]
-    torch.library.opcheck(getattr(torch.ops.astrai, name).default, args)
+            "scale_layout": (_meta(19, 9, dtype=torch.float32), True),
+            "quantize_delayed": (x, _meta(1, dtype=torch.float32), _meta(16, dtype=torch.float32),
+                                 _meta(1, dtype=torch.int64), None, _meta(1, dtype=torch.int32), E4M3, 2, 0)}[name]
+    # The in-place op (its fake mutates nothing on meta) is checked for its schema and fake only here.
+    utils = ("test_schema", "test_faketensor") if name == "quantize_delayed" else None
+    if utils:
+        torch.library.opcheck(getattr(torch.ops.astrai, name).default, args, test_utils=utils)
+    else:
+        torch.library.opcheck(getattr(torch.ops.astrai, name).default, args)
 

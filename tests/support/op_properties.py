@@ -19,6 +19,8 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
     "quantize_block": (False, "block_rows=128 shares one multiplier across 128 rows (block_rows=1 alone would "
                               "be row-invariant)"),
     "amax_history_fold": (False, "folds one amax into one ring: there is no batch dimension to be invariant over"),
+    "quantize_delayed": (False, "the next multiplier comes from the whole tensor's amax (folded into the ring), so "
+                                "every row's neighbours decide it"),
     "scale_layout": (True, "a relayout of scale factors: each row's values are moved, never combined"),
     "attn_decode": (False, "kv_split_size=0 (the default) picks the KV split from the batch's shapes and the SM "
                            "count; only a fixed kv_split_size makes a sequence independent of the batch"),

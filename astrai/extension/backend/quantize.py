@@ -335,11 +335,16 @@ class AmaxHistory:
     `fold(amax)` updates them on the device (no host sync; CUDA-graph capturable); `steps` counts folds on the
     host (0: no history yet, quantize dynamically). `DelayedScaling` keeps one per tensor role and weight.
 
+    `quantize(x, dtype)` quantizes with the current multiplier and folds this step's amax in the same launch
+    (`ops.quantize.quantize_delayed`; torch path: quantize, then fold). One history serves one stream at a time:
+    its `workspace` (the fused kernel's block counter) must not be shared by two launches in flight.
+
     Example
     -------
     >>> hist = AmaxHistory(16, qmax=448.0, device="cuda")
     >>> q, q_t, amax = quantize_fp8(x, hist.scale, layout="dual", amax="tensor", check_scale=False)
     >>> hist.fold(amax)
+    >>> q, q_t, inv = hist.quantize(x, torch.float8_e4m3fn, layout="dual")   # the same, one launch
     """
 
     def __init__(self, length: int, *, qmax: float, margin: int = 0, device=None, path: str = "auto"):
@@ -349,8 +354,34 @@ class AmaxHistory:
         self.pos = torch.zeros(1, dtype=torch.int64, device=device)
         self.scale = torch.ones(1, dtype=torch.float32, device=device)
         self.scale_inv = torch.ones(1, dtype=torch.float32, device=device)
+        self.workspace = torch.zeros(1, dtype=torch.int32, device=device)
         self.qmax, self.margin, self.path = float(qmax), int(margin), path
         self.steps = 0
+
+    def quantize(self, x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, layout: str | int = "dual"):
+        """x quantized with `scale` (per tensor, this step's multiplier), then this step's amax folded into the
+        ring: `(out, out_t, step_scale_inv)` as `quantize_fp8` gives out / out_t (None when not asked for), and
+        step_scale_inv (float32 `[1]`) the dequantization scale of this step (`scale_inv` before the fold). On the
+        CUDA path one launch does both; the torch path gives the same bits."""
+        fn = "AmaxHistory.quantize"
+        if dtype not in FP8_MAX:
+            raise ValueError(f"{fn}: dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+        if FP8_MAX[dtype] != self.qmax:
+            raise ValueError(f"{fn}: dtype {dtype} has max {FP8_MAX[dtype]}, but this history was built for "
+                             f"qmax={self.qmax}")
+        layout_i = _layout(fn, layout)
+        if _choose(fn, self.path, x) == "cuda" and x.device == self.ring.device:
+            out, out_t, _, inv = ops.quantize_delayed(x.detach(), self.scale, self.ring, self.pos, self.workspace,
+                                                      dtype, layout=layout_i, margin=self.margin,
+                                                      scale_inv=self.scale_inv)
+        else:
+            out, out_t, amax = quantize_fp8(x, self.scale, dtype, layout=layout_i, amax="tensor", check_scale=False,
+                                            path="torch" if self.path == "torch" else "auto")
+            inv = self.scale_inv.clone()  # the fold below overwrites it with the next step's
+            fold_amax_history(self.ring, self.pos, self.scale, amax.float(), qmax=self.qmax, margin=self.margin,
+                              scale_inv=self.scale_inv, path=self.path)
+        self.steps += 1
+        return out, out_t, inv
 
     def fold(self, amax: torch.Tensor) -> None:
         """This step's amax (float32, one element, on the ring's device) into the ring; `scale` and
@@ -388,7 +419,7 @@ class DelayedScaling:
     """Delayed scaling: each tensor role (input, weight, gradient) of each weight keeps an `AmaxHistory` of its
     last `amax_history_len` amax values on the tensor's device; the multiplier of step t is
     `fp8_max / max(ring) / 2**margin` from the steps before it (the first step quantizes dynamically), and step
-    t's amax (fused into the quantize kernel) enters the ring through the fold kernel, without a host sync.
+    t's amax enters the ring in the quantize kernel's own launch (its last block folds it), without a host sync.
     fp8_format "hybrid": e4m3 forward, e5m2 gradients; "e4m3": e4m3 everywhere."""
     amax_history_len: int = 16
     margin: int = 0
@@ -444,15 +475,12 @@ class _History:
 
 def _quantize_both(t: torch.Tensor, dtype: torch.dtype, recipe, history: _History | None):
     """(q [M, N], q_t [N, M], scale_inv []) per tensor; the delayed recipe folds this step's amax."""
-    mul = history.scale() if history is not None else None
-    if mul is None:
+    if history is None or history.scale() is None:
         q, q_t, inv = quantize_fp8_dynamic(t, dtype, granularity="tensor", layout="dual")
         if history is not None:
             history.fold(t.detach().abs().amax().float())
         return q, q_t, inv.reshape(())
-    q, q_t, amax = quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
-    inv = history.scale_inv().clone()  # the fold below overwrites it with the next step's
-    history.fold(amax)
+    q, q_t, inv = history.amax_history.quantize(t, dtype, layout="dual")  # quantize and fold: one launch on CUDA
     return q, q_t, inv.reshape(())
 
 

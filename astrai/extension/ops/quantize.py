@@ -1,6 +1,6 @@
 """Stateless wrappers over the torch.ops.astrai quantize kernels: run the kernel or raise, never fall back.
 
-The four ops (schemas in docs/contracts.md, "Quantize ops") take x `[M, N]` (bf16, fp16 or fp32, last-dim
+The ops (schemas in docs/contracts.md, "Quantize ops") take x `[M, N]` (bf16, fp16 or fp32, last-dim
 stride 1, other strides free) on a CUDA device. These wrappers add, and only add:
 
 - loading the family on first use (`loader.load_family("quantize")`) and registering the fake (meta)
@@ -25,6 +25,7 @@ Example::
     q, sf = ops.quantize_block(x, torch.float8_e4m3fn, block_rows=1, pow2_scale=True, scale_mn_major=True)
     packed = ops.scale_layout(sf_rowmajor, pack_ue8m0=True)       # int32 [mn, ceil(sf_k/4)], MN-major
     ops.amax_history_fold(ring, pos, scale, amax, qmax=448.0, margin=0)   # in place: ring, pos, scale
+    q, q_t, amax, inv = ops.quantize_delayed(x, scale, ring, pos, workspace, layout="dual")  # both, one launch
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ OP_DYNAMIC = "astrai.quantize_dynamic"
 OP_BLOCK = "astrai.quantize_block"
 OP_LAYOUT = "astrai.scale_layout"
 OP_FOLD = "astrai.amax_history_fold"
+OP_DELAYED = "astrai.quantize_delayed"
 
 LAYOUTS = {"rowwise": 0, "transposed": 1, "dual": 2}
 AMAX = {None: 0, "none": 0, "tensor": 1, "row": 2}
@@ -95,11 +97,17 @@ def _fake_amax_history_fold(ring, pos, scale, scale_inv, amax, qmax, margin):
     return None  # in place: no outputs
 
 
+def _fake_quantize_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin):
+    out, out_t, amax = _fake_quantize(x, scale, out_dtype, layout, 1)
+    return out, out_t, amax, x.new_empty((1,), dtype=torch.float32)
+
+
 _FAKES = {"astrai::quantize": _fake_quantize,
           "astrai::quantize_dynamic": _fake_quantize_dynamic,
           "astrai::quantize_block": _fake_quantize_block,
           "astrai::scale_layout": _fake_scale_layout,
-          "astrai::amax_history_fold": _fake_amax_history_fold}
+          "astrai::amax_history_fold": _fake_amax_history_fold,
+          "astrai::quantize_delayed": _fake_quantize_delayed}
 
 
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
@@ -299,6 +307,51 @@ def amax_history_fold(ring: torch.Tensor, pos: torch.Tensor, scale: torch.Tensor
     """
     load()
     torch.ops.astrai.amax_history_fold(ring, pos, scale, scale_inv, amax, float(qmax), int(margin))
+
+
+def quantize_delayed(x: torch.Tensor, scale: torch.Tensor, ring: torch.Tensor, pos: torch.Tensor,
+                     workspace: torch.Tensor, out_dtype: torch.dtype = torch.float8_e4m3fn, *,
+                     layout: str | int = "rowwise", margin: int = 0, scale_inv: torch.Tensor | None = None):
+    """Delayed scaling in one launch: `quantize(x, scale, amax="tensor")` and `amax_history_fold` of that amax,
+    fused (`torch.ops.astrai.quantize_delayed`). The last block of the launch to finish folds the grid's amax into
+    the ring, so nothing waits on the host and no second kernel runs; the bytes are those of the two-launch path.
+
+    Parameters
+    ----------
+    x : Tensor
+        `[M, N]` (or `[..., N]`) bf16, fp16 or fp32 CUDA; last-dim stride 1.
+    scale : Tensor
+        float32, one element: this step's multiplier; overwritten in place with the next step's (the fold rule
+        of `amax_history_fold`; qmax from `out_dtype`). Not value-checked: the fold never writes 0, inf or NaN.
+    ring, pos, scale_inv, margin
+        As in `amax_history_fold` (ring float32 `[history_len]`, pos int64 one element, both updated in place).
+    workspace : Tensor
+        int32, one element, 0 before the call and 0 again after it (the kernel's block counter): allocate it once
+        per ring with `torch.zeros(1, dtype=torch.int32, device=...)`. Two calls in flight at once (on two streams)
+        must not share one.
+    out_dtype : torch.dtype
+        `torch.float8_e4m3fn` or `torch.float8_e5m2`.
+    layout : {"rowwise", "transposed", "dual"} or {0, 1, 2}
+
+    Returns
+    -------
+    (out, out_t, amax, step_scale_inv)
+        out / out_t as `quantize` (None when not asked for); amax: float32 `[1]`, this step's max |x|;
+        step_scale_inv: float32 `[1]`, `1 / scale` of this step rounded once (the dequantization scale of out).
+
+    Example
+    -------
+    >>> ring, pos = torch.zeros(16, device="cuda"), torch.zeros(1, dtype=torch.int64, device="cuda")
+    >>> scale, ws = torch.ones(1, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
+    >>> q, q_t, amax, inv = quantize_delayed(x, scale, ring, pos, ws, layout="dual")  # scale: next step's
+    """
+    load()
+    layout_i = _lookup(LAYOUTS, layout, OP_DELAYED, "layout")
+    x2 = _as_2d(x)
+    out, out_t, amax, inv = torch.ops.astrai.quantize_delayed(x2, scale, ring, pos, scale_inv, workspace, out_dtype,
+                                                              layout_i, int(margin))
+    out = out.view(x.shape) if layout_i != 1 and x.dim() > 2 else out
+    return (out if layout_i != 1 else None, out_t if layout_i != 0 else None, amax, inv)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,21 @@ enum class QuantScale : int32_t {
 // Fused amax of x (before scaling) written beside the quantized output.
 enum class QuantAmax : int32_t { kNone = 0, kTensor = 1, kRow = 2 };
 
+// The delayed-scaling ring fold (one step): ring[slot] = amax_ptr[0] with slot = pos_ptr[0] mod len, pos advanced
+// to the next slot; then the multiplier of the next step from the ring's max m (torch.amax: NaN if the ring holds
+// one): scale = s(m) / 2^margin, s(m) = qmax / m rounded once (FLT_MAX past it), 1 when m is 0, inf or NaN; the
+// division by 2^margin rounds once (0 for margin >= 128). Everything stays on the device: no host sync.
+struct AmaxHistoryParams {
+  float* ring_ptr;         // [len] float32 amax history
+  int64_t* pos_ptr;        // [1]: the slot of this step's amax; written back as (slot + 1) mod len
+  const float* amax_ptr;   // [1]: this step's amax
+  float* scale_ptr;        // [1] out: the multiplier of the next step
+  float* scale_inv_ptr;    // [1] out: 1 / scale rounded once; null: not written
+  int64_t len;             // ring length, >= 1
+  float qmax;              // the format's largest finite magnitude
+  int32_t margin;          // >= 0
+};
+
 // x is [rows, cols] with a contiguous last axis; outputs are dense. Strides are in elements.
 struct QuantizeParams {
   const void* x_ptr;            // x: [rows, cols] bf16 / fp16 / fp32
@@ -45,6 +60,15 @@ struct QuantizeParams {
   QuantScale scale_kind;        // multiplier source
   QuantAmax amax_kind;          // fused amax
   bool pow2_scale;              // dynamic kinds: round the multiplier down to a power of two
+  // Delayed scaling fused into the launch (fold_counter_ptr non-null; per-tensor multiplier kTensor and per-tensor
+  // amax only): the last block to finish folds amax_ptr[0] into the ring `fold` (its amax_ptr is unused) and
+  // overwrites scale_ptr[0] (fold.scale_ptr, the same address) with the next step's multiplier. fold_counter_ptr
+  // is a uint32 that is 0 before the launch, and the last block sets it back to 0 (so one counter must not serve
+  // two launches in flight at once). step_scale_inv_ptr (optional): 1 / this step's multiplier, rounded once (the
+  // dequantization scale of this step's output, bitwise the fold's scale_inv of the previous step).
+  AmaxHistoryParams fold;
+  uint32_t* fold_counter_ptr;
+  float* step_scale_inv_ptr;
 };
 
 // Per-tensor amax of x (dynamic per-tensor quantization, first pass): amax_ptr[0] = max |x|, NaN if any x
@@ -56,21 +80,6 @@ struct AmaxParams {
   int64_t rows, cols;
   int32_t max_blocks;    // 0: the launcher sizes the grid
   QuantIn in_type;
-};
-
-// The delayed-scaling ring fold (one step): ring[slot] = amax_ptr[0] with slot = pos_ptr[0] mod len, pos advanced
-// to the next slot; then the multiplier of the next step from the ring's max m (torch.amax: NaN if the ring holds
-// one): scale = s(m) / 2^margin, s(m) = qmax / m rounded once (FLT_MAX past it), 1 when m is 0, inf or NaN; the
-// division by 2^margin rounds once (0 for margin >= 128). Everything stays on the device: no host sync.
-struct AmaxHistoryParams {
-  float* ring_ptr;         // [len] float32 amax history
-  int64_t* pos_ptr;        // [1]: the slot of this step's amax; written back as (slot + 1) mod len
-  const float* amax_ptr;   // [1]: this step's amax
-  float* scale_ptr;        // [1] out: the multiplier of the next step
-  float* scale_inv_ptr;    // [1] out: 1 / scale rounded once; null: not written
-  int64_t len;             // ring length, >= 1
-  float qmax;              // the format's largest finite magnitude
-  int32_t margin;          // >= 0
 };
 
 // 128 x 128 block quantization (weights): one multiplier per [block_rows, block_cols] tile, from its amax.

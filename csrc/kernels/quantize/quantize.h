@@ -10,7 +10,10 @@ namespace astrai {
 // Quantizes x into out (row-major) and/or out_t (transposed) on `stream`. out_t set: the tiled-transpose
 // kernel (fp8 only; scale kinds kTensor, kRow, kColumn, kFromAmax); else the row kernel (every kind, fp8 or
 // int8). Picks the 16-byte or the element variant from alignment, strides and cols. Returns the launch status
-// (cudaErrorInvalidValue for inconsistent params); never throws. rows or cols of 0: no launch, cudaSuccess.
+// (cudaErrorInvalidValue for inconsistent params); never throws. rows or cols of 0: no launch, cudaSuccess
+// (with the fused fold, fold_counter_ptr set: the fold of an amax of 0, one block).
+// fold_counter_ptr set: the same launch also folds the per-tensor amax into the delayed-scaling ring
+// (QuantizeParams::fold); one counter per launch in flight.
 cudaError_t quantize_launch(const QuantizeParams& params, cudaStream_t stream);
 
 // amax_ptr[0] = max(amax_ptr[0], max |x|) (NaN if x holds one); the caller zeroes amax_ptr first.

@@ -194,5 +194,87 @@ __device__ __forceinline__ ScalePair scale_from_amax(float amax, float qmax, boo
   return ScalePair{mul, 1.0f / mul};
 }
 
+// ---- the delayed-scaling ring fold ------------------------------------------------------------------------
+
+// Float order as unsigned bits (negative values below positive ones), for a max over any float32 values.
+__device__ __forceinline__ uint32_t ordered_bits(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered_bits(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+constexpr int kFoldThreads = 256;  // the fold kernel's block; the most threads fold_ring_block takes
+
+// The ring fold of AmaxHistoryParams (with `amax` as this step's amax) by the `threads` threads of one block
+// (a multiple of 32, at most kFoldThreads; every thread calls it, tid in [0, threads)): every thread takes the
+// max over its ring slots, with this step's amax in place of the slot it replaces (nobody reads that slot, so
+// thread 0 writes it without a race); a NaN anywhere makes the max NaN, as torch.amax.
+__device__ __forceinline__ void fold_ring_block(const AmaxHistoryParams& p, float amax, int tid, int threads) {
+  __shared__ uint32_t red_max[kFoldThreads / 32];
+  __shared__ int red_nan[kFoldThreads / 32];
+  const int64_t len = p.len;
+  int64_t slot = *p.pos_ptr % len;
+  if (slot < 0) slot += len;
+  uint32_t m = 0;  // below every ordered float
+  int nan = 0;
+  for (int64_t i = tid; i < len; i += threads) {
+    const float v = i == slot ? amax : p.ring_ptr[i];
+    nan |= v != v;
+    m = max(m, ordered_bits(v));
+  }
+  for (int o = 1; o < 32; o <<= 1) {
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+  }
+  if ((tid & 31) == 0) {
+    red_max[tid >> 5] = m;
+    red_nan[tid >> 5] = nan;
+  }
+  __syncthreads();
+  if (tid != 0) return;
+  for (int w = 0; w < threads / 32; ++w) {
+    m = max(m, red_max[w]);
+    nan |= red_nan[w];
+  }
+  const float ring_max = nan ? __uint_as_float(0x7fc00000u) : from_ordered_bits(m);
+  p.ring_ptr[slot] = amax;
+  *p.pos_ptr = slot + 1 == len ? 0 : slot + 1;
+  const float mul = scale_from_amax(ring_max, p.qmax, false).mul;
+  const float div = p.margin >= 128 ? __uint_as_float(0x7f800000u) : __uint_as_float(uint32_t(127 + p.margin) << 23);
+  const float scale = __fdiv_rn(mul, div);
+  *p.scale_ptr = scale;
+  if (p.scale_inv_ptr != nullptr) *p.scale_inv_ptr = __fdiv_rn(1.0f, scale);
+}
+
+// The per-tensor multiplier scale_ptr[0]. With the fused fold the last block overwrites it in this launch, so it
+// is read through L2 (ld.global.cg), not the read-only path; `writer` (one thread of the grid) stores this step's
+// 1 / multiplier to step_scale_inv_ptr.
+__device__ __forceinline__ float tensor_multiplier(const QuantizeParams& p, bool writer) {
+  if (p.fold_counter_ptr == nullptr) return __ldg(p.scale_ptr);
+  const float mul = __ldcg(p.scale_ptr);
+  if (writer && p.step_scale_inv_ptr != nullptr) *p.step_scale_inv_ptr = __fdiv_rn(1.0f, mul);
+  return mul;
+}
+
+// Fused delayed scaling (QuantizeParams::fold_counter_ptr): called by every thread of every block (tid: the
+// thread's index in its block of kThreads, a multiple of 32 up to kFoldThreads) after the block's atomic max
+// into amax_ptr[0]; the last block to get here folds the grid's amax into the ring and resets the counter. The
+// fences order each block's atomic max before its ticket, and the tickets before the last block's read.
+template <int kThreads>
+__device__ __forceinline__ void fold_if_last_block(const QuantizeParams& p, int tid) {
+  if (p.fold_counter_ptr == nullptr) return;  // grid-uniform
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(p.fold_counter_ptr, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;  // block-uniform
+  __threadfence();
+  fold_ring_block(p.fold, __ldcg(p.amax_ptr), tid, kThreads);
+  if (tid == 0) *p.fold_counter_ptr = 0u;
+}
+
 }  // namespace quantize
 }  // namespace astrai

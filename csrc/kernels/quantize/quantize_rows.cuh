@@ -12,11 +12,14 @@ namespace quantize {
 
 constexpr int kRowsBlockThreads = 256;
 constexpr int kRowsMaxWarps = kRowsBlockThreads / 32;
-// Steps (16 elements) of a row a thread keeps in registers, in x's own bits (64 words: 256 bytes), between the
-// amax and the cast of dynamic per-row quantization; later steps of longer rows are read again (from L1/L2:
-// the row was just read). The launcher picks the fewest threads per row that hold the row this way: one warp
-// for N <= 4096 (16-bit x) or 2048 (float32), so the row's amax takes shuffles only, no block barrier.
-constexpr int row_cache_steps(QuantIn in) { return in == QuantIn::kF32 ? 4 : 8; }
+// Steps (16 elements) of a row a thread keeps in registers, in x's own bits, between the amax and the cast of
+// dynamic per-row quantization; later steps of longer rows are read again (from L1/L2: the row was just read).
+// The launcher picks the fewest threads per row that hold the row this way: two warps for N = 4096 (16-bit x,
+// 4 steps = 32 words = 128 bytes per thread, 4 blocks per SM) or one warp for N = 2048 float32 (4 steps = 64
+// words, 2 blocks). H200 sweep (2026-12-01, bf16, dynamic rows, of a same-run copy kernel): 8 steps x one warp
+// x 2 blocks/SM 17.8 µs at 4096 x 4096 and 197.5 at 65536 x 4096; 4 steps x two warps x 4 blocks/SM 16.1 and
+// 192.5 (copy 13.5 and 194.6); 2 steps x four warps 17.0 and 222.5.
+constexpr int row_cache_steps(QuantIn /*in*/) { return 4; }
 // Threads that share one 1 x 128 group (8 x 16 elements): consecutive lanes.
 constexpr int kGroupLanes = 8;
 // Steps per loop iteration of the static and group paths, all loaded (in x's own bits) before the first
@@ -35,15 +38,16 @@ constexpr int kUnroll = 4;
 enum class RowsMode : int { kStatic = 0, kDynamicRow = 1, kGroup = 2, kColumn = 3 };
 
 // Blocks per SM the compiler must fit (its register cap: 2 -> 128, 4 -> 64 per thread). 4 where the code fits
-// 64 registers (bf16, 16-byte moves, static and group multipliers; sm_80 and sm_120 spill a few bytes there):
-// 1024 threads x 128 bytes of loads in flight per SM; 2 elsewhere (dynamic rows hold 256 bytes per thread).
+// 64 registers (bf16, 16-byte moves; static, group and dynamic-row multipliers; sm_80 and sm_120 spill a few
+// bytes there): 1024 threads x 128 bytes of loads in flight per SM; 2 elsewhere.
 // The same on every arch: it is a template argument, and a host pass that names an instantiation some device
 // pass did not build is undefined (a four-arch image with a per-arch choice failed these launches on the H200
 // with cudaErrorInvalidDeviceFunction, 2026-11-29; the rebuild without it passed).
 constexpr bool kRowsFourBlocks = true;
 template <QuantIn kIn, bool kVec, RowsMode kMode>
 constexpr int rows_min_blocks() {
-  return kRowsFourBlocks && kIn == QuantIn::kBF16 && kVec && (kMode == RowsMode::kStatic || kMode == RowsMode::kGroup)
+  return kRowsFourBlocks && kIn == QuantIn::kBF16 && kVec &&
+                 (kMode == RowsMode::kStatic || kMode == RowsMode::kGroup || kMode == RowsMode::kDynamicRow)
              ? 4
              : 2;
 }
@@ -58,10 +62,12 @@ constexpr bool rows_prefetch_default() {
   return false;
 }
 
-// kMinBlocks, kPrefetch: the register cap and the prefetch above (other values for the sweep,
-// .gpu_scratch/quantize/sweep.cu).
+// kMinBlocks, kPrefetch, kCache: the register cap, the prefetch above and the steps a thread caches for dynamic
+// rows (other values for the sweep, .gpu_scratch/quantize/sweep.cu). kFold: the fused delayed-scaling fold
+// (QuantizeParams::fold_counter_ptr; static per-tensor multiplier only), a separate instantiation so that the
+// kernels without it keep their register allocation.
 template <QuantIn kIn, QuantOut kOut, bool kVec, RowsMode kMode, int kMinBlocks = rows_min_blocks<kIn, kVec, kMode>(),
-          bool kPrefetch = rows_prefetch_default<kMode>()>
+          bool kPrefetch = rows_prefetch_default<kMode>(), int kCache = row_cache_steps(kIn), bool kFold = false>
 __global__ void __launch_bounds__(kRowsBlockThreads, kMinBlocks) quantize_rows_kernel(const __grid_constant__ QuantizeParams p) {
   constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
   const int tpr = int(blockDim.x);  // threads per row
@@ -96,7 +102,10 @@ __global__ void __launch_bounds__(kRowsBlockThreads, kMinBlocks) quantize_rows_k
   };
 
   float mul_tensor = 1.0f;  // kTensor / kFromAmax: one multiplier for everything
-  if (kind == QuantScale::kTensor) mul_tensor = __ldg(p.scale_ptr);
+  if (kind == QuantScale::kTensor) {
+    if constexpr (kFold) mul_tensor = tensor_multiplier(p, blockIdx.x == 0 && tid == 0);
+    else mul_tensor = __ldg(p.scale_ptr);
+  }
   if (kind == QuantScale::kFromAmax) {
     const ScalePair s = scale_from_amax(__ldg(p.amax_in_ptr), p.qmax, p.pow2_scale);
     mul_tensor = s.mul;
@@ -137,7 +146,6 @@ __global__ void __launch_bounds__(kRowsBlockThreads, kMinBlocks) quantize_rows_k
     if constexpr (kMode == RowsMode::kDynamicRow) {
       // Pass 1: amax of the row; the first kCache steps of each thread are loaded together and kept in
       // registers as x's bits.
-      constexpr int kCache = row_cache_steps(kIn);
       constexpr int kWords = StepWords<kIn>::kCount;
       uint32_t cache[kCache][kWords];
 #pragma unroll
@@ -272,6 +280,7 @@ __global__ void __launch_bounds__(kRowsBlockThreads, kMinBlocks) quantize_rows_k
       for (int w = 0; w < warps; ++w) v = max(v, red[w]);
       if (v != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), v);
     }
+    if constexpr (kFold) fold_if_last_block<kRowsBlockThreads>(p, tid);
   }
 }
 
@@ -302,59 +311,17 @@ __global__ void __launch_bounds__(kRowsBlockThreads) amax_kernel(const __grid_co
   }
 }
 
-// Float order as unsigned bits (negative values below positive ones), for a max over any float32 values.
-__device__ __forceinline__ uint32_t ordered_bits(float v) {
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float from_ordered_bits(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+// step_scale_inv_ptr of an empty fused launch: 1 / the multiplier, rounded once (as tensor_multiplier writes it).
+template <int kUnused = 0>
+__global__ void step_scale_inv_kernel(const float* scale_ptr, float* step_scale_inv_ptr) {
+  if (threadIdx.x == 0) *step_scale_inv_ptr = __fdiv_rn(1.0f, *scale_ptr);
 }
 
-constexpr int kFoldThreads = 256;
-
-// The ring fold of AmaxHistoryParams, one block: every thread takes the max over its ring slots, with this
-// step's amax in place of the slot it replaces (nobody reads that slot, so thread 0 writes it without a race);
-// a NaN anywhere makes the max NaN, as torch.amax. A template (of nothing) so that every .cu including this
-// header may define it, like the other kernels here.
+// The ring fold of AmaxHistoryParams as one launch of one block (fold_ring_block). A template (of nothing) so
+// that every .cu including this header may define it, like the other kernels here.
 template <int kThreads = kFoldThreads>
 __global__ void __launch_bounds__(kThreads) amax_history_fold_kernel(const __grid_constant__ AmaxHistoryParams p) {
-  __shared__ uint32_t red_max[kFoldThreads / 32];
-  __shared__ int red_nan[kFoldThreads / 32];
-  const int tid = int(threadIdx.x);
-  const int64_t len = p.len;
-  int64_t slot = *p.pos_ptr % len;
-  if (slot < 0) slot += len;
-  const float amax = *p.amax_ptr;
-  uint32_t m = 0;  // below every ordered float
-  int nan = 0;
-  for (int64_t i = tid; i < len; i += kFoldThreads) {
-    const float v = i == slot ? amax : p.ring_ptr[i];
-    nan |= v != v;
-    m = max(m, ordered_bits(v));
-  }
-  for (int o = 1; o < 32; o <<= 1) {
-    m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    nan |= __shfl_xor_sync(0xffffffffu, nan, o);
-  }
-  if ((tid & 31) == 0) {
-    red_max[tid >> 5] = m;
-    red_nan[tid >> 5] = nan;
-  }
-  __syncthreads();
-  if (tid != 0) return;
-  for (int w = 0; w < kFoldThreads / 32; ++w) {
-    m = max(m, red_max[w]);
-    nan |= red_nan[w];
-  }
-  const float ring_max = nan ? __uint_as_float(0x7fc00000u) : from_ordered_bits(m);
-  p.ring_ptr[slot] = amax;
-  *p.pos_ptr = slot + 1 == len ? 0 : slot + 1;
-  const float mul = scale_from_amax(ring_max, p.qmax, false).mul;
-  const float div = p.margin >= 128 ? __uint_as_float(0x7f800000u) : __uint_as_float(uint32_t(127 + p.margin) << 23);
-  const float scale = __fdiv_rn(mul, div);
-  *p.scale_ptr = scale;
-  if (p.scale_inv_ptr != nullptr) *p.scale_inv_ptr = __fdiv_rn(1.0f, scale);
+  fold_ring_block(p, *p.amax_ptr, int(threadIdx.x), kThreads);
 }
 
 }  // namespace quantize

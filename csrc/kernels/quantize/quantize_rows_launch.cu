@@ -25,10 +25,14 @@ template <QuantIn kIn, QuantOut kOut, bool kVec>
 cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
   using quantize::RowsMode;
   const int64_t steps = (p.cols + kStep - 1) / kStep;
-  // Threads per row: a power of two in [8, 256], the smallest that covers the row in kUnroll steps each
-  // (so each thread has kUnroll steps of loads in flight).
-  // Dynamic rows: the smallest that holds the row in the register cache (one warp for N = 4096 bf16).
-  const int per_thread = p.scale_kind == QuantScale::kDynamicRow ? quantize::row_cache_steps(kIn) : quantize::kUnroll;
+  // Threads per row: a power of two in [8, 256], the smallest that covers the row in per_thread steps each.
+  // Static multipliers: two loop iterations of kUnroll steps (H200 sweep, 2026-12-01, bf16 static per tensor:
+  // 32 threads per row for N = 4096 took 15.5 µs at 4096 x 4096 and 188.6 at 65536 x 4096, 64 threads (one
+  // iteration) 16.0 and 190.6, copy 13.5 and 194.6). Groups: one iteration (not re-measured). Dynamic rows: the
+  // smallest that holds the row in the register cache (two warps for N = 4096 bf16).
+  const int per_thread = p.scale_kind == QuantScale::kDynamicRow     ? quantize::row_cache_steps(kIn)
+                         : p.scale_kind == QuantScale::kDynamicGroup ? quantize::kUnroll
+                                                                     : 2 * quantize::kUnroll;
   int tpr = 8;
   while (tpr < kRowsBlockThreads && int64_t(tpr) * per_thread < steps) tpr *= 2;
   const int rpb = kRowsBlockThreads / tpr;
@@ -51,6 +55,15 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
     quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kGroup><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
   } else if (p.scale_kind == QuantScale::kColumn) {
     quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kColumn><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+  } else if (p.fold_counter_ptr != nullptr) {
+    if constexpr (kOut != QuantOut::kInt8) {  // the fused fold: fp8 only (params_valid)
+      using quantize::row_cache_steps;
+      using quantize::rows_min_blocks;
+      using quantize::rows_prefetch_default;
+      quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kStatic, rows_min_blocks<kIn, kVec, RowsMode::kStatic>(),
+                                     rows_prefetch_default<RowsMode::kStatic>(), row_cache_steps(kIn), true>
+          <<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+    }
   } else {
     quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kStatic><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
   }
@@ -92,6 +105,12 @@ bool params_valid(const QuantizeParams& p) {
     if (p.out_type == QuantOut::kInt8) return false;
     if (k == QuantScale::kDynamicRow || k == QuantScale::kDynamicGroup) return false;
   }
+  if (p.fold_counter_ptr != nullptr) {
+    // Fused delayed scaling: one multiplier, the per-tensor amax, and a ring whose scale is that multiplier.
+    if (k != QuantScale::kTensor || p.amax_kind != QuantAmax::kTensor || p.out_type == QuantOut::kInt8) return false;
+    if (p.fold.ring_ptr == nullptr || p.fold.pos_ptr == nullptr || p.fold.len < 1 || p.fold.margin < 0) return false;
+    if (p.fold.scale_ptr != p.scale_ptr || !(p.fold.qmax > 0.0f)) return false;
+  }
   return true;
 }
 
@@ -99,7 +118,18 @@ bool params_valid(const QuantizeParams& p) {
 
 cudaError_t quantize_launch(const QuantizeParams& p, cudaStream_t stream) {
   if (!params_valid(p)) return cudaErrorInvalidValue;
-  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  if (p.rows == 0 || p.cols == 0) {
+    // Nothing to cast; a fused fold still takes this step's amax (0): one block of the fold kernel.
+    if (p.fold_counter_ptr == nullptr) return cudaSuccess;
+    AmaxHistoryParams f = p.fold;
+    f.amax_ptr = p.amax_ptr;
+    if (p.step_scale_inv_ptr != nullptr) {
+      // 1 / this step's multiplier, as the kernels write it: see fill_step_scale_inv.
+      quantize::step_scale_inv_kernel<><<<dim3(1), dim3(32), 0, stream>>>(p.scale_ptr, p.step_scale_inv_ptr);
+      ASTRAI_CUDA_TRY(cudaGetLastError());
+    }
+    return amax_history_fold_launch(f, stream);
+  }
   if (p.out_t_ptr != nullptr) return quantize_detail::quantize_transpose_launch(p, stream);
   switch (p.in_type) {
     case QuantIn::kBF16: return launch_rows_out<QuantIn::kBF16>(p, stream);

@@ -247,42 +247,57 @@ __global__ void __launch_bounds__(kTransposeThreads, kIn == QuantIn::kBF16 ? 3 :
 // ---- register transpose (no shared memory, no barriers) -------------------------------------------------
 // Each thread loads kR rows x 8 columns of x with all kR loads issued before any use, and casts the 4 rows of
 // one column into one word (pack4 down a column): that word is already out_t's byte order, so the transpose
-// costs no byte shuffles, no shared memory and no barrier. Lanes 2k and 2k+1 read the two 16-byte halves of one
-// 32-byte sector of a row; lanes 2k and 2k+2 hold consecutive kR-row runs, so one store instruction writes 16 x kR
-// contiguous bytes of two out_t rows. A warp covers 16 kR rows x 16 columns, a block of 4 warps 64 columns (one
-// 128-byte line of each bf16 row). The element casts are those of quantize_transpose_kernel: same bytes.
+// costs no byte shuffles, no shared memory and no barrier. kLanes adjacent lanes read 8 kLanes consecutive
+// columns of a row (production: 8 lanes, one 128-byte line of bf16); lanes k and k + kLanes hold consecutive
+// kR-row runs, so one store instruction writes (32 / kLanes) x kR contiguous bytes of each of kLanes out_t rows
+// (production: 4 runs x 16 = 64 bytes). A block of 4 warps covers 32 kLanes columns. The element casts are
+// those of quantize_transpose_kernel: same bytes.
 constexpr int kRegThreads = 128;
-constexpr int kRegTileCols = 64;  // 4 warps x 16 columns
-// Production choice of the transposed kernel: 0 = quantize_transpose_kernel (shared-memory tile), 8 or 16 =
-// quantize_transpose_regs_kernel with kR = 8 / 16 (bf16 only: fp16 / fp32 use 8, as 16 spills).
-// Register caps (no spills, sm_90a -Xptxas -v): bf16 kR = 8: 6 blocks/SM (<= 85); otherwise 4 (<= 128).
-// kRegPersistent: grid of resident blocks looping over tiles, else one block per tile.
-// H200 sweep (2026-11-29, bf16 -> e4m3, of a same-run copy): 65536 x 4096 transposed 53% (shared-memory tile)
-// vs 84% (kR = 8) and 88% (kR = 16), full grid; resident grids 71%; 4096 x 4096 52% vs 76% for both kR.
-constexpr int kTransposeVariant = 16;
-constexpr bool kRegPersistent = false;
-
+constexpr int kRegLanes = 8;
 template <int kR>
-constexpr int reg_tile_rows() { return 16 * kR; }
+constexpr int reg_tile_rows() { return (32 / kRegLanes) * kR; }
+constexpr int kRegTileCols = (kRegThreads / 32) * 8 * kRegLanes;
+// Production choice of the transposed kernel: 0 = quantize_transpose_kernel (shared-memory tile), 8 or 16 =
+// quantize_transpose_regs_kernel with kR = 8 / 16 (kR = 16 for bf16 only: it spills for fp16 / fp32), -1 = by
+// size: kR = 16 when its grid is at least kRegWavesFor16 resident waves, else kR = 8 (twice the tiles: a
+// smaller last wave). Register caps (no spills, sm_90a -Xptxas -v): bf16 kR = 8: 6 blocks/SM (<= 85);
+// otherwise 4 (<= 128). kRegPersistent: grid of resident blocks looping over tiles, else one block per tile.
+// H200 sweeps (bf16 -> e4m3, of a same-run copy kernel): 2026-11-29, 2 lanes per row: 65536 x 4096 transposed
+// 53% (shared-memory tile) vs 84% (kR = 8) and 88% (kR = 16); resident grids 71%; 4096 x 4096 52% vs 76% for
+// both kR. 2026-12-01, lanes per row 2 / 4 / 8: 65536 x 4096 kR = 16: 214 / 208 / 208 µs (copy 195);
+// 4096 x 4096 kR = 16: 17.9 / 17.2 / 17.3 µs, kR = 8: 17.8 / 17.0 / 16.6 µs (copy 13.6).
+constexpr int kTransposeVariant = -1;
+constexpr bool kRegPersistent = false;
+constexpr int kRegWavesFor16 = 4;
 
-template <QuantIn kIn, QuantOut kOut, bool kVec, int kR>
-__global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 ? 6 : 4)
+template <QuantIn kIn, int kR>
+constexpr int reg_min_blocks() { return kIn == QuantIn::kBF16 && kR == 8 ? 6 : 4; }
+
+// Sweep parameters (production: the defaults; the launcher's tile sizes assume them): kTmFastest orders the tiles down the rows of x first (production
+// walks x's rows); kWarps warps per block; kMinBlocks the register cap; kLanes lanes per row of x (8 columns
+// each): a warp covers 32 / kLanes runs of kR rows x 8 kLanes columns; kFold: the fused delayed-scaling fold
+// (QuantizeParams::fold_counter_ptr), a separate instantiation (the shared-memory kernel has none).
+template <QuantIn kIn, QuantOut kOut, bool kVec, int kR, bool kTmFastest = false, int kWarps = kRegThreads / 32,
+          int kMinBlocks = reg_min_blocks<kIn, kR>(), int kLanes = kRegLanes, bool kFold = false>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     quantize_transpose_regs_kernel(const __grid_constant__ QuantizeParams p) {
-  static_assert(kR == 8 || kR == 16, "kR rows per thread: 8 (8-byte out_t stores) or 16 (16-byte)");
+  static_assert(kLanes == 2 || kLanes == 4 || kLanes == 8, "lanes per row of x: 2, 4 or 8");
+  constexpr int kTileN = kWarps * 8 * kLanes;  // columns of x per tile
+  static_assert(kR == 4 || kR == 8 || kR == 16, "kR rows per thread: 4, 8 or 16 (4-, 8- or 16-byte out_t stores)");
   static_assert(kOut != QuantOut::kInt8, "the transposed layouts are fp8 only");
   constexpr int kInBytes = kIn == QuantIn::kF32 ? 4 : 2;
   constexpr int kW = StepWords<kIn, 8>::kCount;  // words of one 8-element run
   constexpr int kQ = kR / 4;                      // out_t words per column
-  constexpr int kTileM = reg_tile_rows<kR>();
-  __shared__ uint32_t red[kRegThreads / 32];
+  constexpr int kTileM = (32 / kLanes) * kR;  // rows of x per tile
+  __shared__ uint32_t red[kWarps];
 
   const int tid = int(threadIdx.x);
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int half = lane & 1;   // which 8 columns of the warp's 16
-  const int pair = lane >> 1;  // which kR-row run of the tile
+  const int half = lane & (kLanes - 1);  // which 8 columns of the warp's 8 kLanes
+  const int pair = lane / kLanes;        // which kR-row run of the tile
   const int64_t rows = p.rows, cols = p.cols;
-  const uint32_t tiles_n = uint32_t((cols + kRegTileCols - 1) / kRegTileCols);
+  const uint32_t tiles_n = uint32_t((cols + kTileN - 1) / kTileN);
   const uint32_t tiles = uint32_t((rows + kTileM - 1) / kTileM) * tiles_n;  // < 2^31: the launcher checks
   const char* x = static_cast<const char*>(p.x_ptr);
   uint8_t* out = static_cast<uint8_t*>(p.out_ptr);
@@ -295,7 +310,10 @@ __global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 
   const int out_t_mode = (rows % kR == 0 && out_t_addr % kR == 0) ? 2 : (rows % 4 == 0 && out_t_addr % 4 == 0) ? 1 : 0;
 
   float mul_tensor = 1.0f;
-  if (kind == QuantScale::kTensor) mul_tensor = __ldg(p.scale_ptr);
+  if (kind == QuantScale::kTensor) {
+    if constexpr (kFold) mul_tensor = tensor_multiplier(p, blockIdx.x == 0 && tid == 0);
+    else mul_tensor = __ldg(p.scale_ptr);
+  }
   if (kind == QuantScale::kFromAmax) {
     const ScalePair s = scale_from_amax(__ldg(p.amax_in_ptr), p.qmax, p.pow2_scale);
     mul_tensor = s.mul;
@@ -304,10 +322,17 @@ __global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 
 
   uint32_t tensor_amax = 0;
   for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const uint32_t tm = tile / tiles_n;
-    const uint32_t tn = tile - tm * tiles_n;
+    uint32_t tm, tn;
+    if constexpr (kTmFastest) {
+      const uint32_t tiles_m = tiles / tiles_n;
+      tm = tile % tiles_m;
+      tn = tile / tiles_m;
+    } else {
+      tm = tile / tiles_n;
+      tn = tile - tm * tiles_n;
+    }
     const int64_t m0 = int64_t(tm) * kTileM + pair * kR;                 // first of this thread's kR rows
-    const int64_t n0 = int64_t(tn) * kRegTileCols + warp * 16 + half * 8;  // first of its 8 columns
+    const int64_t n0 = int64_t(tn) * kTileN + warp * 8 * kLanes + half * 8;  // first of its 8 columns
     const int ncount = int(cols - n0 < 8 ? (cols - n0 > 0 ? cols - n0 : 0) : 8);
     const int mcount = int(rows - m0 < kR ? (rows - m0 > 0 ? rows - m0 : 0) : kR);
 
@@ -340,8 +365,10 @@ __global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 
         const uint32_t ra = run_amax_bits(v[i]);
         tensor_amax = max(tensor_amax, ra);
         if (p.amax_kind == QuantAmax::kRow) {
-          // Lanes l and l ^ 1 hold the two 8-column halves of one row in this warp.
-          const uint32_t r = max(ra, __shfl_xor_sync(0xffffffffu, ra, 1));
+          // The kLanes adjacent lanes of a run hold the 8-column parts of one row in this warp.
+          uint32_t r = ra;
+#pragma unroll
+          for (int o = 1; o < kLanes; o <<= 1) r = max(r, __shfl_xor_sync(0xffffffffu, r, o));
           if (half == 0 && i < mcount && r != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr) + (m0 + i), r);
         }
       }
@@ -377,7 +404,8 @@ __global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 
         uint8_t* dst = out_t + (n0 + j) * rows + m0;
         if (out_t_mode == 2 && mcount == kR) {
           if constexpr (kR == 16) *reinterpret_cast<uint4*>(dst) = make_uint4(cw[j][0], cw[j][1], cw[j][2], cw[j][3]);
-          else *reinterpret_cast<uint2*>(dst) = make_uint2(cw[j][0], cw[j][1]);
+          else if constexpr (kR == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(cw[j][0], cw[j][1]);
+          else *reinterpret_cast<uint32_t*>(dst) = cw[j][0];
         } else if (out_t_mode >= 1) {
 #pragma unroll
           for (int q = 0; q < kQ; ++q) {
@@ -423,9 +451,10 @@ __global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 
     if (lane == 0) red[warp] = m;
     __syncthreads();
     if (tid == 0) {
-      for (int w = 0; w < kRegThreads / 32; ++w) m = max(m, red[w]);
+      for (int w = 0; w < kWarps; ++w) m = max(m, red[w]);
       if (m != 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax_ptr), m);
     }
+    if constexpr (kFold) fold_if_last_block<kWarps * 32>(p, tid);
   }
 }
 
@@ -433,7 +462,7 @@ __global__ void __launch_bounds__(kRegThreads, kIn == QuantIn::kBF16 && kR == 8 
 
 namespace quantize_detail {
 // quantize_transpose_launch with the kernel picked by the caller (tests, sweep) rather than kTransposeVariant:
-// variant 0, 8 or 16 and persistent as kTransposeVariant and kRegPersistent.
+// variant -1 (by size), 0, 8 or 16 and persistent as kTransposeVariant and kRegPersistent.
 cudaError_t quantize_transpose_launch_variant(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent);
 }  // namespace quantize_detail
 }  // namespace astrai

@@ -30,10 +30,17 @@ cudaError_t launch_smem(const QuantizeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// One block per 16 kR x 64 tile (persistent: at most the resident blocks, looping over tiles).
+// One block per reg_tile_rows<kR>() x kRegTileCols tile (persistent: at most the resident blocks, looping over tiles).
 template <QuantIn kIn, QuantOut kOut, bool kVec, int kR>
 cudaError_t launch_regs(const QuantizeParams& p, bool persistent, cudaStream_t stream) {
-  const auto kernel = &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR>;
+  using quantize::kRegLanes;
+  using quantize::kRegThreads;
+  using quantize::reg_min_blocks;
+  // The fused fold (fold_counter_ptr) is its own instantiation.
+  const auto kernel = p.fold_counter_ptr != nullptr
+                          ? &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR, false, kRegThreads / 32,
+                                                                      reg_min_blocks<kIn, kR>(), kRegLanes, true>
+                          : &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR>;
   const int64_t tile_rows = quantize::reg_tile_rows<kR>();
   const int64_t tiles = ((p.rows + tile_rows - 1) / tile_rows) * ((p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols);
   int64_t grid = 0;
@@ -52,10 +59,26 @@ cudaError_t launch_regs(const QuantizeParams& p, bool persistent, cudaStream_t s
 
 template <QuantIn kIn, QuantOut kOut, bool kVec>
 cudaError_t launch(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
-  // The register kernel indexes tiles in 32 bits; kR = 16 spills for fp16 / fp32.
-  const int64_t reg_tiles = ((p.rows + 127) / 128) * ((p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols);
-  if (variant == 0 || reg_tiles >= (int64_t(1) << 31)) return launch_smem<kIn, kOut, kVec>(p, stream);
+  // The register kernel indexes tiles in 32 bits (its smallest tile: kR = 8); kR = 16 spills for fp16 / fp32.
+  const int64_t tile_rows8 = quantize::reg_tile_rows<8>();
+  const int64_t tiles_n = (p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols;
+  const int64_t reg_tiles = ((p.rows + tile_rows8 - 1) / tile_rows8) * tiles_n;
+  if (variant == 0 || reg_tiles >= (int64_t(1) << 31)) {
+    // The shared-memory kernel has no fused fold (and 2^31 register tiles of 8192 elements exceed any memory).
+    if (p.fold_counter_ptr != nullptr) return cudaErrorInvalidValue;
+    return launch_smem<kIn, kOut, kVec>(p, stream);
+  }
   if constexpr (kIn == QuantIn::kBF16) {
+    if (variant < 0) {
+      // By size: kR = 16 once its grid fills kRegWavesFor16 waves of resident blocks.
+      int device = 0, sm_count = 0;
+      ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+      ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+      const int64_t tile_rows16 = quantize::reg_tile_rows<16>();
+      const int64_t tiles16 = ((p.rows + tile_rows16 - 1) / tile_rows16) * tiles_n;
+      const int64_t wave16 = int64_t(sm_count) * quantize::reg_min_blocks<kIn, 16>();
+      variant = tiles16 >= quantize::kRegWavesFor16 * wave16 ? 16 : 8;
+    }
     if (variant == 16) return launch_regs<kIn, kOut, kVec, 16>(p, persistent, stream);
   }
   return launch_regs<kIn, kOut, kVec, 8>(p, persistent, stream);
