@@ -572,6 +572,27 @@ bool check_rejections() {
   p.out_type = QuantOut::kInt8;
   p.out_t_ptr = dummy;  // int8 transposed
   ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  // The fused fold: per-tensor multiplier and amax, fp8, a ring whose scale is the multiplier.
+  p.out_t_ptr = nullptr;
+  p.out_type = QuantOut::kE4M3;
+  p.amax_kind = QuantAmax::kTensor;
+  p.amax_ptr = dummy;
+  p.fold_counter_ptr = reinterpret_cast<uint32_t*>(dummy);
+  p.fold.ring_ptr = dummy;
+  p.fold.pos_ptr = reinterpret_cast<int64_t*>(dummy);
+  p.fold.len = 4;
+  p.fold.qmax = 448.0f;
+  p.fold.scale_ptr = dummy + 1;  // not the multiplier
+  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  p.fold.scale_ptr = dummy;
+  p.scale_kind = QuantScale::kRow;  // not per tensor
+  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  p.scale_kind = QuantScale::kTensor;
+  p.out_type = QuantOut::kInt8;  // not fp8
+  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  p.out_type = QuantOut::kE4M3;
+  p.fold.ring_ptr = nullptr;  // no ring
+  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
   BlockQuantParams b{};
   b.x_ptr = dummy;
   b.out_ptr = dummy;

@@ -88,7 +88,9 @@ cudaError_t launch_rows_out(const QuantizeParams& p, cudaStream_t stream) {
 
 bool params_valid(const QuantizeParams& p) {
   if (p.rows < 0 || p.cols < 0 || p.x_row_stride < 0) return false;
-  if (p.x_ptr == nullptr || (p.out_ptr == nullptr && p.out_t_ptr == nullptr)) return false;
+  // An empty x may have null data (a fused fold still runs on it).
+  const bool empty = p.rows == 0 || p.cols == 0;
+  if (!empty && (p.x_ptr == nullptr || (p.out_ptr == nullptr && p.out_t_ptr == nullptr))) return false;
   if (int32_t(p.in_type) < 0 || int32_t(p.in_type) > 2 || int32_t(p.out_type) < 0 || int32_t(p.out_type) > 2) {
     return false;
   }
@@ -99,6 +101,7 @@ bool params_valid(const QuantizeParams& p) {
   if (k == QuantScale::kDynamicGroup && (p.group_cols != 128 || p.scale_inv_ptr == nullptr)) return false;
   if (int32_t(k) < 0 || int32_t(k) > 5) return false;
   if (p.amax_kind != QuantAmax::kNone && p.amax_ptr == nullptr) return false;
+  if (p.fold_counter_ptr != nullptr && (p.scale_ptr == nullptr || p.amax_ptr == nullptr)) return false;
   if (int32_t(p.amax_kind) < 0 || int32_t(p.amax_kind) > 2) return false;
   if (!(p.qmax > 0.0f)) return false;
   if (p.out_t_ptr != nullptr) {
