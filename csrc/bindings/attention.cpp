@@ -213,7 +213,7 @@ Tensor decode(const char* op, const DecodeArgs& a) {
     return out;
   }
   const DecodePlan plan = attn_decode_plan(p.batch, p.num_kv_heads, p.num_q_heads / p.num_kv_heads, p.max_kv_len,
-                                           sm_count(device), a.kv_split_size);
+                                           p.head_dim, p.paged, sm_count(device), a.kv_split_size);
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
   p.out_ptr = out.data_ptr();

@@ -174,7 +174,7 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
   p.page_size_log2 = log2_of(ps);
   p.scale_log2 = float(double(scale) * 1.4426950408889634);
   p.paged = kPaged;
-  const astrai::DecodePlan plan = astrai::attn_decode_plan(B, Hkv, G, c.L, sm_count, c.split);
+  const astrai::DecodePlan plan = astrai::attn_decode_plan(B, Hkv, G, c.L, D, kPaged, sm_count, c.split);
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
   DeviceBuffer<float> po(static_cast<size_t>(plan.num_splits) * B * Hq * D), plse(static_cast<size_t>(plan.num_splits) * B * Hq);

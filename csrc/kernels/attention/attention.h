@@ -19,11 +19,12 @@ struct DecodePlan {
   int32_t split_len;   // keys per split (multiple of kDecodeSplitAlign)
 };
 
-// Deterministic split rule: a function of (batch, Hkv, Hq/Hkv, max_kv_len, sm_count) only, never of the data,
-// so a launch is bitwise reproducible and capturable. kv_split_size > 0 fixes the keys per split (rounded up
-// to kDecodeSplitAlign): the result then no longer depends on batch or sm_count (batch invariance).
+// Deterministic split rule: a function of (batch, Hkv, Hq/Hkv, max_kv_len, head_dim, paged, sm_count) only,
+// never of the data, so a launch is bitwise reproducible and capturable. kv_split_size > 0 fixes the keys per
+// split (rounded up to kDecodeSplitAlign): the result then no longer depends on batch or sm_count (batch
+// invariance).
 DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
-                            int32_t sm_count, int64_t kv_split_size);
+                            int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size);
 
 // Launches the split-KV decode on `stream`. With params.num_splits > 1 the splits merge in the decode kernel
 // (a cudaMemsetAsync of split_counters_ptr first, which must hold B * Hq int32), or in a combine kernel when

@@ -15,13 +15,19 @@
 namespace astrai {
 namespace {
 
-// Split planner: one wave of kDecodeTargetBlocksPerSm blocks per SM. An H200 sweep (2026-12-01, GQA 32/8,
-// D = 128, B 1..64 x L 1024..32768, 27 shapes, every split size from 64 keys to L) found the fastest split on
-// every shape at B * Hkv * splits = 256 blocks (2 per SM), none of the faster ones past one wave: more splits
-// only add merge work and partial traffic, fewer leave DRAM bandwidth unused. The cost model this replaces
-// (lone-block speed, per-block and per-split merge costs) planned twice as many splits on 21 of the 27 shapes,
-// each 1.4-13.7% slower (B = 32, L = 1024: 38.3 vs 33.7 µs; B = 1, L = 32768: 39.5 vs 37.6 µs).
-constexpr int64_t kDecodeTargetBlocksPerSm = 2;
+// Split planner: one wave of blocks at a target count per SM. H200 sweeps (2026-12-01, GQA 32/8, every split
+// size from 64 keys to L, the fastest one per shape):
+//  - contiguous K/V, head_dim 64 and 128 (27 shapes at D = 128, B 1..64 x L 1024..32768; 4 at D = 64): the
+//    fastest split on every shape puts B * Hkv * splits at 2 blocks per SM; more splits only add merge work and
+//    partial traffic. The cost model this replaced (lone-block speed, per-block and per-split merge costs)
+//    planned twice as many splits on 21 of the 27 D = 128 shapes, each 1.4-13.7% slower (B = 32, L = 1024:
+//    38.3 vs 33.7 µs; B = 1, L = 32768: 39.5 vs 37.6 µs);
+//  - paged K/V (D 64, 128, 256; 21 shapes) and contiguous D = 256 (7 shapes): 4 blocks per SM (a full wave of
+//    the kernel's occupancy), with paged splits of at least 128 keys at D <= 128 (64-key paged splits lost
+//    12-15% at B = 1, L = 4096): the fastest split on every shape.
+constexpr int64_t kDecodeBlocksPerSmContiguous = 2;   // contiguous K/V, head_dim <= 128
+constexpr int64_t kDecodeBlocksPerSmOther = 4;        // paged K/V, or head_dim 256
+constexpr int64_t kDecodePagedMinSplit = 128;         // keys, paged K/V at head_dim <= 128
 
 template <typename T>
 T ceil_div(T a, T b) {
@@ -106,7 +112,8 @@ cudaError_t combine_can_overlap(bool* pdl) {
 
 // attn_decode_plan for a tile with blocks_per_sm resident blocks (the decode sweep plans its variants with it).
 DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
-                              int32_t sm_count, int64_t kv_split_size, int32_t blocks_per_sm) {
+                              int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size,
+                              int32_t blocks_per_sm) {
   constexpr int64_t align = kDecodeSplitAlign;
   const int64_t len = std::max<int64_t>(max_kv_len, 1);
   int64_t splits = 1;
@@ -117,9 +124,11 @@ DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group
     const int64_t group = std::max(group_size, 1);
     const int64_t head_groups = ceil_div<int64_t>(group, attention::kMaxGroup);
     const int64_t blocks = std::max<int64_t>(int64_t(std::max(batch, 1)) * std::max(num_kv_heads, 1) * head_groups, 1);
-    const int64_t target = int64_t(std::max(sm_count, 1)) *
-                           std::min<int64_t>(kDecodeTargetBlocksPerSm, std::max(blocks_per_sm, 1));
-    splits = std::max<int64_t>(1, std::min<int64_t>(target / blocks, ceil_div(len, align)));
+    const bool narrow = head_dim <= 128;
+    const int64_t per_sm = !paged && narrow ? kDecodeBlocksPerSmContiguous : kDecodeBlocksPerSmOther;
+    const int64_t target = int64_t(std::max(sm_count, 1)) * std::min<int64_t>(per_sm, std::max(blocks_per_sm, 1));
+    const int64_t min_split = paged && narrow ? kDecodePagedMinSplit : align;
+    splits = std::max<int64_t>(1, std::min<int64_t>(target / blocks, ceil_div(len, min_split)));
   }
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kDecodeMaxSplits));
   const int64_t split_len = ceil_div(ceil_div(len, splits), align) * align;
@@ -129,8 +138,8 @@ DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group
 }  // namespace
 
 DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
-                            int32_t sm_count, int64_t kv_split_size) {
-  return plan_decode_splits(batch, num_kv_heads, group_size, max_kv_len, sm_count, kv_split_size,
+                            int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size) {
+  return plan_decode_splits(batch, num_kv_heads, group_size, max_kv_len, head_dim, paged, sm_count, kv_split_size,
                             attention::kDecodeBlocksPerSm);
 }
 
