@@ -24,7 +24,11 @@ namespace {
 //    38.3 vs 33.7 µs; B = 1, L = 32768: 39.5 vs 37.6 µs);
 //  - paged K/V (D 64, 128, 256; 21 shapes) and contiguous D = 256 (7 shapes): 4 blocks per SM (a full wave of
 //    the kernel's occupancy), with paged splits of at least 128 keys at D <= 128 (64-key paged splits lost
-//    12-15% at B = 1, L = 4096): the fastest split on every shape.
+//    12-15% at B = 1, L = 4096) unless that leaves fewer blocks than the contiguous plan (short sequences:
+//    B = 1, L = 512 paged took 9.7 µs in 4 splits of 128 keys, 7.9 in 8 of 64): the fastest split on every
+//    swept shape.
+// So contiguous and paged K/V may take different splits for the same shapes, and then agree within accuracy,
+// not bitwise (a fixed kv_split_size gives both the same plan).
 constexpr int64_t kDecodeBlocksPerSmContiguous = 2;   // contiguous K/V, head_dim <= 128
 constexpr int64_t kDecodeBlocksPerSmOther = 4;        // paged K/V, or head_dim 256
 constexpr int64_t kDecodePagedMinSplit = 128;         // keys, paged K/V at head_dim <= 128
@@ -127,8 +131,14 @@ DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group
     const bool narrow = head_dim <= 128;
     const int64_t per_sm = !paged && narrow ? kDecodeBlocksPerSmContiguous : kDecodeBlocksPerSmOther;
     const int64_t target = int64_t(std::max(sm_count, 1)) * std::min<int64_t>(per_sm, std::max(blocks_per_sm, 1));
-    const int64_t min_split = paged && narrow ? kDecodePagedMinSplit : align;
-    splits = std::max<int64_t>(1, std::min<int64_t>(target / blocks, ceil_div(len, min_split)));
+    splits = std::min<int64_t>(target / blocks, ceil_div(len, align));
+    if (paged && narrow) {
+      const int64_t contiguous_target = int64_t(std::max(sm_count, 1)) *
+                                        std::min<int64_t>(kDecodeBlocksPerSmContiguous, std::max(blocks_per_sm, 1));
+      const int64_t floor_splits = std::min<int64_t>(contiguous_target / blocks, ceil_div(len, align));
+      splits = std::max(std::min(splits, ceil_div(len, kDecodePagedMinSplit)), floor_splits);
+    }
+    splits = std::max<int64_t>(1, splits);
   }
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kDecodeMaxSplits));
   const int64_t split_len = ceil_div(ceil_div(len, splits), align) * align;
