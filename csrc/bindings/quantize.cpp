@@ -430,12 +430,19 @@ void amax_history_fold_cpu(const Tensor& ring, const Tensor& pos, const Tensor& 
 
 // ---- quantize_delayed (per-tensor multiplier + fused amax + the ring fold, one launch) --------------------
 
-void validate_delayed(const Tensor& x, const Tensor& scale, const Tensor& ring, const Tensor& pos,
-                      const std::optional<Tensor>& scale_inv, const Tensor& workspace, ScalarType out_dtype,
-                      int64_t layout, int64_t margin, QuantIn* in, QuantOut* out_type, float* qmax) {
-  *in = check_x(kOpDelayed, x);
+struct DelayedArgs {
+  QuantIn in;
+  QuantOut out_type;
+  float qmax;
+};
+
+DelayedArgs validate_delayed(const Tensor& x, const Tensor& scale, const Tensor& ring, const Tensor& pos,
+                             const std::optional<Tensor>& scale_inv, const Tensor& workspace, ScalarType out_dtype,
+                             int64_t layout, int64_t margin) {
+  DelayedArgs a{};
+  a.in = check_x(kOpDelayed, x);
   check_layout(kOpDelayed, layout);
-  *out_type = check_out_dtype(kOpDelayed, out_dtype, false, qmax);
+  a.out_type = check_out_dtype(kOpDelayed, out_dtype, false, &a.qmax);
   check_ring(kOpDelayed, ring, pos, scale, scale_inv, margin);
   check_scalar_tensor(kOpDelayed, "workspace", workspace, ScalarType::Int);
   binding::check_cuda_device(kOpDelayed, "x", x);
@@ -444,19 +451,17 @@ void validate_delayed(const Tensor& x, const Tensor& scale, const Tensor& ring, 
   binding::check_same_device(kOpDelayed, "pos", pos, "x", x);
   if (scale_inv.has_value()) binding::check_same_device(kOpDelayed, "scale_inv", *scale_inv, "x", x);
   binding::check_same_device(kOpDelayed, "workspace", workspace, "x", x);
+  return a;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cuda(const Tensor& x, const Tensor& scale, const Tensor& ring,
                                                                  const Tensor& pos, const std::optional<Tensor>& scale_inv,
                                                                  const Tensor& workspace, ScalarType out_dtype,
                                                                  int64_t layout, int64_t margin) {
-  QuantIn in{};
-  QuantOut out_type{};
-  float qmax = 0.0f;
-  validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin, &in, &out_type, &qmax);
+  const DelayedArgs a = validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin);
   torch::stable::accelerator::DeviceGuard guard(x.get_device_index());
   const int64_t M = x.size(0), N = x.size(1);
-  QuantizeParams p = base_params(x, in, out_type, qmax);
+  QuantizeParams p = base_params(x, a.in, a.out_type, a.qmax);
   Tensor out = layout != 1 ? torch::stable::new_empty(x, {M, N}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
   Tensor out_t = layout != 0 ? torch::stable::new_empty(x, {N, M}, out_dtype) : torch::stable::new_empty(x, {0}, out_dtype);
   Tensor amax_t = torch::stable::new_zeros(x, {1}, ScalarType::Float);
@@ -467,7 +472,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cuda(const Tensor& x
   p.scale_kind = QuantScale::kTensor;
   p.amax_kind = QuantAmax::kTensor;
   p.amax_ptr = static_cast<float*>(amax_t.data_ptr());
-  p.fold = ring_params(ring, pos, scale, scale_inv, qmax, margin);
+  p.fold = ring_params(ring, pos, scale, scale_inv, a.qmax, margin);
   p.fold_counter_ptr = static_cast<uint32_t*>(workspace.data_ptr());
   p.step_scale_inv_ptr = static_cast<float*>(step_inv.data_ptr());
   const cudaStream_t stream = binding::current_cuda_stream(kOpDelayed, x.get_device_index());
@@ -482,10 +487,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cpu(const Tensor& x,
                                                                 const Tensor& pos, const std::optional<Tensor>& scale_inv,
                                                                 const Tensor& workspace, ScalarType out_dtype,
                                                                 int64_t layout, int64_t margin) {
-  QuantIn in{};
-  QuantOut out_type{};
-  float qmax = 0.0f;
-  validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin, &in, &out_type, &qmax);
+  validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin);
   fail(kOpDelayed, "x must be a CUDA tensor, got ", binding::device_name(x));
 }
 

@@ -152,16 +152,13 @@ BAD_FOLD = [
 ]
 
 
-@kernels
-@pytest.mark.parametrize("argument,what,change,message", BAD_FOLD, ids=[f"{a}-{w}" for a, w, _, _ in BAD_FOLD])
-def test_fold_validation_names_op_and_argument(argument, what, change, message):
+def assert_rejected(op: str, call, argument: str, message: str) -> None:
+    """call() raises before the device check, naming the op and the argument with the expected message."""
     ops.load()
-    a = _args(**change)
     with pytest.raises(RuntimeError) as info:
-        torch.ops.astrai.amax_history_fold(a["ring"], a["pos"], a["scale"], a["scale_inv"], a["amax"], a["qmax"],
-                                           a["margin"])
+        call()
     text = str(info.value)
-    assert text.startswith("astrai.amax_history_fold: "), text
+    assert text.startswith(op + ": "), text
     assert re.search(rf"\b{argument}\b", text) and re.search(message, text), text
     assert "must be a CUDA tensor" not in text, f"validation ran after the device check: {text}"
 
@@ -232,17 +229,16 @@ BAD_DELAYED = [
 ]
 
 
+BAD_CALLS = [("amax_history_fold", _args, *bad) for bad in BAD_FOLD] + \
+            [("quantize_delayed", _delayed_args, *bad) for bad in BAD_DELAYED]
+
+
 @kernels
-@pytest.mark.parametrize("argument,what,change,message", BAD_DELAYED, ids=[f"{a}-{w}" for a, w, _, _ in BAD_DELAYED])
-def test_delayed_validation_names_op_and_argument(argument, what, change, message):
-    ops.load()
-    a = _delayed_args(**change)
-    with pytest.raises(RuntimeError) as info:
-        torch.ops.astrai.quantize_delayed(*a.values())
-    text = str(info.value)
-    assert text.startswith("astrai.quantize_delayed: "), text
-    assert re.search(rf"\b{argument}\b", text) and re.search(message, text), text
-    assert "must be a CUDA tensor" not in text, f"validation ran after the device check: {text}"
+@pytest.mark.parametrize("op,make,argument,what,change,message", BAD_CALLS,
+                         ids=[f"{op}-{a}-{w}" for op, _, a, w, _, _ in BAD_CALLS])
+def test_validation_names_op_and_argument(op, make, argument, what, change, message):
+    a = make(**change)
+    assert_rejected(f"astrai.{op}", lambda: getattr(torch.ops.astrai, op)(*a.values()), argument, message)
 
 
 @kernels
