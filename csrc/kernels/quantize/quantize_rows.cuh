@@ -63,7 +63,7 @@ constexpr bool rows_prefetch_default() {
 }
 
 // kMinBlocks, kPrefetch, kCache: the register cap, the prefetch above and the steps a thread caches for dynamic
-// rows (other values for the sweep, .gpu_scratch/quantize/sweep.cu). kFold: the fused delayed-scaling fold
+// rows (other values for the sweep, csrc/tools/quantize_launch_sweep.cu). kFold: the fused delayed-scaling fold
 // (QuantizeParams::fold_counter_ptr; static per-tensor multiplier only), a separate instantiation so that the
 // kernels without it keep their register allocation.
 template <QuantIn kIn, QuantOut kOut, bool kVec, RowsMode kMode, int kMinBlocks = rows_min_blocks<kIn, kVec, kMode>(),

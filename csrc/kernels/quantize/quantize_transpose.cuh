@@ -19,7 +19,7 @@ constexpr int kTransposeThreads = 256;
 // x row gives 25 x 128 = 3.2 KB. Row-major order (band of 1) wrote 128 bytes per out_t row, 64 KB apart at
 // M = 65536: a DRAM page opened per 128 bytes written, which made the transposed write cost as much as both
 // layouts together. 4 x fewer bytes per out_t row than per x row would be balanced by bytes; the sweep
-// (.gpu_scratch/quantize/sweep.cu) measured the band widths.
+// (csrc/tools/quantize_launch_sweep.cu) measured the band widths.
 constexpr int kTransposeBandTiles = 16;
 
 // Tile (tm, tn) of linear tile index `tile` in the banded raster order above.
