@@ -127,7 +127,7 @@ cudaError_t quantize_launch(const QuantizeParams& p, cudaStream_t stream) {
     AmaxHistoryParams f = p.fold;
     f.amax_ptr = p.amax_ptr;
     if (p.step_scale_inv_ptr != nullptr) {
-      // 1 / this step's multiplier, as the kernels write it: see fill_step_scale_inv.
+      // 1 / this step's multiplier, as the kernels write it (tensor_multiplier).
       quantize::step_scale_inv_kernel<><<<dim3(1), dim3(32), 0, stream>>>(p.scale_ptr, p.step_scale_inv_ptr);
       ASTRAI_CUDA_TRY(cudaGetLastError());
     }
