@@ -328,7 +328,7 @@ def quantize_delayed(x: torch.Tensor, scale: torch.Tensor, ring: torch.Tensor, p
     workspace : Tensor
         int32, one element, 0 before the call and 0 again after it (the kernel's block counter): allocate it once
         per ring with `torch.zeros(1, dtype=torch.int32, device=...)`. Two calls in flight at once (on two streams)
-        must not share one.
+        must not share one. A launch that never finished (a device fault) can leave it nonzero: `zero_()` it then.
     out_dtype : torch.dtype
         `torch.float8_e4m3fn` or `torch.float8_e5m2`.
     layout : {"rowwise", "transposed", "dual"} or {0, 1, 2}
