@@ -374,13 +374,12 @@ class AmaxHistory:
             out, out_t, _, inv = ops.quantize_delayed(x.detach(), self.scale, self.ring, self.pos, self.workspace,
                                                       dtype, layout=layout_i, margin=self.margin,
                                                       scale_inv=self.scale_inv)
-        else:
-            out, out_t, amax = quantize_fp8(x, self.scale, dtype, layout=layout_i, amax="tensor", check_scale=False,
-                                            path="torch" if self.path == "torch" else "auto")
-            inv = self.scale_inv.clone()  # the fold below overwrites it with the next step's
-            fold_amax_history(self.ring, self.pos, self.scale, amax.float(), qmax=self.qmax, margin=self.margin,
-                              scale_inv=self.scale_inv, path=self.path)
-        self.steps += 1
+            self.steps += 1
+            return out, out_t, inv
+        out, out_t, amax = quantize_fp8(x, self.scale, dtype, layout=layout_i, amax="tensor", check_scale=False,
+                                        path="torch" if self.path == "torch" else "auto")
+        inv = self.scale_inv.clone()  # the fold below overwrites it with the next step's
+        self.fold(amax)
         return out, out_t, inv
 
     def fold(self, amax: torch.Tensor) -> None:

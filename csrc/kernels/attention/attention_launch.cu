@@ -128,17 +128,19 @@ DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group
     const int64_t group = std::max(group_size, 1);
     const int64_t head_groups = ceil_div<int64_t>(group, attention::kMaxGroup);
     const int64_t blocks = std::max<int64_t>(int64_t(std::max(batch, 1)) * std::max(num_kv_heads, 1) * head_groups, 1);
+    // Splits that fill one wave of per_sm blocks per SM (at most one per kDecodeSplitAlign keys); the clamp
+    // below makes it at least 1.
+    auto wave_splits = [&](int64_t per_sm) {
+      const int64_t target = int64_t(std::max(sm_count, 1)) * std::min<int64_t>(per_sm, std::max(blocks_per_sm, 1));
+      return std::min<int64_t>(target / blocks, ceil_div(len, align));
+    };
     const bool narrow = head_dim <= 128;
-    const int64_t per_sm = !paged && narrow ? kDecodeBlocksPerSmContiguous : kDecodeBlocksPerSmOther;
-    const int64_t target = int64_t(std::max(sm_count, 1)) * std::min<int64_t>(per_sm, std::max(blocks_per_sm, 1));
-    splits = std::min<int64_t>(target / blocks, ceil_div(len, align));
     if (paged && narrow) {
-      const int64_t contiguous_target = int64_t(std::max(sm_count, 1)) *
-                                        std::min<int64_t>(kDecodeBlocksPerSmContiguous, std::max(blocks_per_sm, 1));
-      const int64_t floor_splits = std::min<int64_t>(contiguous_target / blocks, ceil_div(len, align));
-      splits = std::max(std::min(splits, ceil_div(len, kDecodePagedMinSplit)), floor_splits);
+      splits = std::max(std::min(wave_splits(kDecodeBlocksPerSmOther), ceil_div(len, kDecodePagedMinSplit)),
+                        wave_splits(kDecodeBlocksPerSmContiguous));
+    } else {
+      splits = wave_splits(narrow ? kDecodeBlocksPerSmContiguous : kDecodeBlocksPerSmOther);
     }
-    splits = std::max<int64_t>(1, splits);
   }
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kDecodeMaxSplits));
   const int64_t split_len = ceil_div(ceil_div(len, splits), align) * align;

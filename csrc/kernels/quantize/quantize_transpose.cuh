@@ -273,10 +273,11 @@ constexpr int kRegWavesFor16 = 4;
 template <QuantIn kIn, int kR>
 constexpr int reg_min_blocks() { return kIn == QuantIn::kBF16 && kR == 8 ? 6 : 4; }
 
-// Sweep parameters (production: the defaults; the launcher's tile sizes assume them): kTmFastest orders the tiles down the rows of x first (production
-// walks x's rows); kWarps warps per block; kMinBlocks the register cap; kLanes lanes per row of x (8 columns
-// each): a warp covers 32 / kLanes runs of kR rows x 8 kLanes columns; kFold: the fused delayed-scaling fold
-// (QuantizeParams::fold_counter_ptr), a separate instantiation (the shared-memory kernel has none).
+// Sweep parameters (production: the defaults; the launcher's tile sizes assume them): kTmFastest orders the tiles
+// down the rows of x first (production walks x's rows); kWarps warps per block; kMinBlocks the register cap;
+// kLanes lanes per row of x (8 columns each): a warp covers 32 / kLanes runs of kR rows x 8 kLanes columns;
+// kFold: the fused delayed-scaling fold (QuantizeParams::fold_counter_ptr), a separate instantiation (the
+// shared-memory kernel has none).
 template <QuantIn kIn, QuantOut kOut, bool kVec, int kR, bool kTmFastest = false, int kWarps = kRegThreads / 32,
           int kMinBlocks = reg_min_blocks<kIn, kR>(), int kLanes = kRegLanes, bool kFold = false>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
