@@ -15,23 +15,19 @@
 namespace astrai {
 namespace {
 
-// Split planner: one wave of blocks at a target count per SM. H200 sweeps (2026-12-01, GQA 32/8, every split
-// size from 64 keys to L, the fastest one per shape):
-//  - contiguous K/V, head_dim 64 and 128 (27 shapes at D = 128, B 1..64 x L 1024..32768; 4 at D = 64): the
-//    fastest split on every shape puts B * Hkv * splits at 2 blocks per SM; more splits only add merge work and
-//    partial traffic. The cost model this replaced (lone-block speed, per-block and per-split merge costs)
-//    planned twice as many splits on 21 of the 27 D = 128 shapes, each 1.4-13.7% slower (B = 32, L = 1024:
-//    38.3 vs 33.7 µs; B = 1, L = 32768: 39.5 vs 37.6 µs);
-//  - paged K/V (D 64, 128, 256; 21 shapes) and contiguous D = 256 (7 shapes): 4 blocks per SM (a full wave of
-//    the kernel's occupancy), with paged splits of at least 128 keys at D <= 128 (64-key paged splits lost
-//    12-15% at B = 1, L = 4096) unless that leaves fewer blocks than the contiguous plan (short sequences:
-//    B = 1, L = 512 paged took 9.7 µs in 4 splits of 128 keys, 7.9 in 8 of 64): the fastest split on every
-//    swept shape.
-// So contiguous and paged K/V may take different splits for the same shapes, and then agree within accuracy,
-// not bitwise (a fixed kv_split_size gives both the same plan).
-constexpr int64_t kDecodeBlocksPerSmContiguous = 2;   // contiguous K/V, head_dim <= 128
-constexpr int64_t kDecodeBlocksPerSmOther = 4;        // paged K/V, or head_dim 256
-constexpr int64_t kDecodePagedMinSplit = 128;         // keys, paged K/V at head_dim <= 128
+// Split planner: one wave of blocks at a target count per SM (DecodeDefaultTile: the tile and its target per
+// head_dim). H200 sweeps, GQA 32/8, every split size from 64 keys to L, the fastest one per shape:
+//  - head_dim 128 (2026-12-01, second session; csrc/tools/decode_merge_sweep.cu, 11 shapes x 7 tiles x split
+//    counts, contiguous and paged): with the 8-warp tile, one block per SM; more splits, or smaller blocks at
+//    2-4 per SM, add merge work and partial traffic (the combine costs ~2.7 µs at B = 1), and at B >= 16 one
+//    split needs no combine at all;
+//  - head_dim 64 and 256 (2026-12-01, first session, 48 KB tiles): contiguous D = 64 at 2 blocks per SM; paged
+//    K/V and D = 256 at 4 per SM (a full wave of the kernel's occupancy), paged D = 64 splits of at least 128
+//    keys (64-key paged splits lost 12-15% at B = 1, L = 4096) unless that leaves fewer blocks than the
+//    contiguous plan (short sequences: B = 1, L = 512 paged took 9.7 µs in 4 splits of 128 keys, 7.9 in 8 of 64).
+// At head_dim 64 contiguous and paged K/V may take different splits for the same shapes, and then agree within
+// accuracy, not bitwise (a fixed kv_split_size gives both the same plan).
+constexpr int64_t kDecodePagedMinSplit = 128;  // keys, paged K/V at head_dim 64
 
 template <typename T>
 T ceil_div(T a, T b) {
@@ -114,10 +110,10 @@ cudaError_t combine_can_overlap(bool* pdl) {
   return cudaSuccess;
 }
 
-// attn_decode_plan for a tile with blocks_per_sm resident blocks (the decode sweep plans its variants with it).
+template <int kHeadDim>
 DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
-                              int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size,
-                              int32_t blocks_per_sm) {
+                              bool paged, int32_t sm_count, int64_t kv_split_size) {
+  using Tile = attention::DecodeDefaultTile<kHeadDim>;
   constexpr int64_t align = kDecodeSplitAlign;
   const int64_t len = std::max<int64_t>(max_kv_len, 1);
   int64_t splits = 1;
@@ -131,15 +127,13 @@ DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group
     // Splits that fill one wave of per_sm blocks per SM (at most one per kDecodeSplitAlign keys); the clamp
     // below makes it at least 1.
     auto wave_splits = [&](int64_t per_sm) {
-      const int64_t target = int64_t(std::max(sm_count, 1)) * std::min<int64_t>(per_sm, std::max(blocks_per_sm, 1));
-      return std::min<int64_t>(target / blocks, ceil_div(len, align));
+      return std::min<int64_t>(int64_t(std::max(sm_count, 1)) * per_sm / blocks, ceil_div(len, align));
     };
-    const bool narrow = head_dim <= 128;
-    if (paged && narrow) {
-      splits = std::max(std::min(wave_splits(kDecodeBlocksPerSmOther), ceil_div(len, kDecodePagedMinSplit)),
-                        wave_splits(kDecodeBlocksPerSmContiguous));
+    if (paged && Tile::kPagedWaveBlocksPerSm > Tile::kWaveBlocksPerSm) {
+      splits = std::max(std::min(wave_splits(Tile::kPagedWaveBlocksPerSm), ceil_div(len, kDecodePagedMinSplit)),
+                        wave_splits(Tile::kWaveBlocksPerSm));
     } else {
-      splits = wave_splits(narrow ? kDecodeBlocksPerSmContiguous : kDecodeBlocksPerSmOther);
+      splits = wave_splits(Tile::kWaveBlocksPerSm);
     }
   }
   splits = std::max<int64_t>(1, std::min<int64_t>(splits, kDecodeMaxSplits));
@@ -151,8 +145,11 @@ DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group
 
 DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
                             int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size) {
-  return plan_decode_splits(batch, num_kv_heads, group_size, max_kv_len, head_dim, paged, sm_count, kv_split_size,
-                            attention::kDecodeBlocksPerSm);
+  switch (head_dim) {
+    case 64: return plan_decode_splits<64>(batch, num_kv_heads, group_size, max_kv_len, paged, sm_count, kv_split_size);
+    case 128: return plan_decode_splits<128>(batch, num_kv_heads, group_size, max_kv_len, paged, sm_count, kv_split_size);
+    default: return plan_decode_splits<256>(batch, num_kv_heads, group_size, max_kv_len, paged, sm_count, kv_split_size);
+  }
 }
 
 namespace {

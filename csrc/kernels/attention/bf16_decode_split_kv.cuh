@@ -11,16 +11,17 @@
 #include "kernels/attention/params.h"
 #include "kernels/common/vec_types.cuh"
 
+// Paged decode: 1 reads each tile's page ids one issue ahead (a register per lane), 0 when the tile is issued.
+#ifndef ASTRAI_DECODE_PAGE_PREFETCH
+#define ASTRAI_DECODE_PAGE_PREFETCH 1
+#endif
+
 namespace astrai {
 namespace attention {
 
 // Most q heads of one kv head a block holds: the N = 8 columns of the P V mma. A larger GQA group (MQA with
 // many q heads) runs ceil(group / kMaxGroup) blocks per kv head, which share K/V through L2.
 constexpr int kMaxGroup = 8;
-// Resident decode blocks per SM the split planner counts on: every production tile below keeps a block at
-// 48 KB of shared memory, so 4 fit the 228 KB of an H100/H200 SM (registers allow more).
-constexpr int kDecodeBlocksPerSm = 4;
-
 // A block is kWarps independent warps over one (sequence, kv head, head group, split). Each warp takes every
 // kWarps-th tile of kTileKeys keys of the split and streams it through its own cp.async ring of kStages
 // tiles (no block barrier in the loop): kStages - 1 tiles are in flight while one is computed.
@@ -37,20 +38,34 @@ struct DecodeTile {
   static_assert(kStages >= 2 && kStages <= 8, "the ring needs two stages");
 };
 
-// Production tiles: 48 KB of ring per block (kDecodeBlocksPerSm), 16 KB of K+V in flight per warp.
+// Production tiles, and the blocks per SM of the one wave the split planner fills with them (attn_decode_plan).
+// D = 128: 8 warps, 2 stages (128 KB of ring, one block per SM). The H200 sweep of 2026-12-01
+// (csrc/tools/decode_merge_sweep.cu; GQA 32/8, B 1..64, L 512..32768) against the earlier 2 warps x 3 stages
+// (48 KB) at 2 blocks per SM: paged (page 16) B = 16, L = 4096 64.5 vs 68.6 µs and L = 16384 245.8 vs 252.1;
+// contiguous B = 16, L = 4096 62.8 vs 66.3 (one split, no combine), B = 1, L = 4096 10.6 vs 10.7; B = 64 level;
+// B = 1, L = 512 6.3 vs 5.9 and contiguous B = 32, L = 4096 123.9 vs 121.1 (one wave of 2 blocks per SM beats
+// two of 1 there) slower. 4 warps x 3 stages was up to 4% faster for contiguous K/V at B <= 8 but 10-15%
+// slower for paged at B = 16; one tile serves both so that a fixed split gives them equal bits.
+// D = 64 and 256: 48 KB blocks (not re-swept); paged targets 4 per SM, contiguous D = 64 2 (see the planner).
 template <int kHeadDim>
 struct DecodeDefaultTile;
 template <>
 struct DecodeDefaultTile<64> {
   using type = DecodeTile<2, 32, 3>;
+  static constexpr int kWaveBlocksPerSm = 2;       // contiguous K/V
+  static constexpr int kPagedWaveBlocksPerSm = 4;  // paged K/V (with at least 128-key splits, see the planner)
 };
 template <>
 struct DecodeDefaultTile<128> {
-  using type = DecodeTile<2, 16, 3>;
+  using type = DecodeTile<8, 16, 2>;
+  static constexpr int kWaveBlocksPerSm = 1;
+  static constexpr int kPagedWaveBlocksPerSm = 1;
 };
 template <>
 struct DecodeDefaultTile<256> {
   using type = DecodeTile<1, 16, 3>;
+  static constexpr int kWaveBlocksPerSm = 4;
+  static constexpr int kPagedWaveBlocksPerSm = 4;
 };
 
 template <int kHeadDim, class Tile>
@@ -277,6 +292,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
   const uint8_t* mask_row = p.mask_ptr == nullptr ? nullptr : p.mask_ptr + int64_t(b) * p.mask_batch_stride;
   unsigned char* warp_ring = sm_ring + warp * (kStages * Traits::kStageBytes);
 
+  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (ASTRAI_DECODE_PAGE_PREFETCH),
+  // so a tile's copies never wait on a page-table read.
+  const int32_t* table_row = kPaged ? p.page_table_ptr + int64_t(b) * p.page_table_batch_stride : nullptr;
+  auto read_page = [&](int i) -> int {
+    const int t = start + (warp + i * kWarps) * kT + lane;
+    return lane < kT && t < end ? __ldg(table_row + (t >> p.page_size_log2)) : -1;
+  };
+  int page_ahead = kPaged && ASTRAI_DECODE_PAGE_PREFETCH ? read_page(0) : 0;
+
   // Starts the copies of this warp's local tile `i` into ring slot `slot` and returns its keep bits (bit r:
   // key r of the tile). Lane r < kT decides key r (mask byte, page id); the copying lanes read the page ids
   // with shuffles, so the table is read once per key. Dropped keys get zeros (no copy), so no stale or
@@ -288,10 +312,13 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     if (keep && mask_row != nullptr) keep = t < p.mask_len && mask_row[t] != 0;
     int page = 0;
     if constexpr (kPaged) {
-      if (keep) {
-        page = __ldg(p.page_table_ptr + int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2));
-        keep = page >= 0 && page < p.num_pages;
+      if constexpr (ASTRAI_DECODE_PAGE_PREFETCH) {
+        page = page_ahead;
+        page_ahead = read_page(i + 1);
+      } else if (keep) {
+        page = __ldg(table_row + (t >> p.page_size_log2));
       }
+      keep = keep && page >= 0 && page < p.num_pages;
     }
     const uint32_t bits = __ballot_sync(0xffffffffu, keep);
     unsigned char* dst_k = warp_ring + slot * Traits::kStageBytes;
