@@ -46,7 +46,9 @@ namespace attention {
 // Q stays in shared memory and is re-read by ldmatrix per k-step, as in FlashAttention-2: a warp's 32 x 128 Q
 // fragments would take 64 registers that the 128 fp32 accumulators of O (D = 128) and those of S leave no room
 // for under the 255-register cap; the re-read costs 16 of the 80 ldmatrix per 64-key tile and warp.
-template <int kHeadDim, bool kPaged = false>
+// kRowPages: paged K/V copied through per-row offsets (pages smaller than a thread's row group), which takes its
+// own softmax step at D = 128; contiguous K/V and paged K/V copied in page groups share theirs (and their bits).
+template <int kHeadDim, bool kRowPages = false>
 struct PrefillTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "prefill supports head_dim 64, 128, 256");
   static constexpr int kThreads = kPrefillThreads;
@@ -60,14 +62,15 @@ struct PrefillTraits {
   // Keys per softmax step: a 64-key tile of D = 128 is computed in two halves, so that the S accumulators take
   // 32 registers next to O's 128 (at 64 the transient peak of S, fragments and O passes 255 and ptxas spills
   // ~130 bytes; the halves cost 16 more Q ldmatrix per tile and warp instead). ASTRAI_PREFILL_HD128_SUBN=64
-  // builds the other trade-off; it wins for contiguous K/V and loses for paged (see the macros), so the two KV
-  // sources take different steps at D = 128 and their results may differ in the last bits there.
+  // builds the other trade-off; it wins for contiguous K/V and paged page groups and loses with per-row page
+  // offsets (see the macros), so at D = 128 that path's results may differ from the others' in the last bits.
   static constexpr int kSubN =
-      kHeadDim == 128 ? (kPaged ? ASTRAI_PREFILL_HD128_SUBN_PAGED : ASTRAI_PREFILL_HD128_SUBN) : kBN;
+      kHeadDim == 128 ? (kRowPages ? ASTRAI_PREFILL_HD128_SUBN_PAGED : ASTRAI_PREFILL_HD128_SUBN) : kBN;
   static_assert(kBN % kSubN == 0 && kSubN % 16 == 0, "softmax steps split a K/V tile into 16-key blocks");
   static constexpr int kSTiles = kSubN / 8;                          // n8 tiles of S per m16 tile
   static constexpr int kOTiles = kHeadDim / 8;                       // n8 tiles of O per m16 tile
   static constexpr int kRowsPerPass = kThreads / kChunks;            // rows one 16-byte load per thread covers
+  static constexpr int kGroupRows = kBN / kRowsPerPass;              // K/V rows of a tile one thread copies
   static constexpr bool kRowOffsets = ASTRAI_PREFILL_PAGED_ROW_OFFSETS != 0;
   static constexpr int kPageSlots = 3;                               // page-id rows: tiles j, j + 1, j + 2
   static constexpr int kOffBufs = kRowOffsets ? 2 : 0;               // row-offset rows: tiles j + 1, j + 2
@@ -135,10 +138,15 @@ __device__ __forceinline__ QTile locate_q_tile(const PrefillParams& p) {
 // the same K/V rows, run side by side); block: kPrefillThreads; dynamic shared memory: kSmemBytes.
 // Block (tile, hblk): kv head hblk / (G / HB), q heads qh0 .. qh0 + HB - 1, sequence rows row0 .. row0 + BM/HB - 1
 // of sequence b. Packed row m (0 .. BM - 1) is sequence row row0 + (m >> hb_log2), q head qh0 + (m & (HB - 1)).
-template <int kHeadDim, bool kRaggedQ, bool kPaged>
+// Paged K/V is copied one of two ways. kPageGroups (page_size >= Tr::kGroupRows): thread tid copies its chunk of
+// kGroupRows consecutive key rows of a tile, which lie on one page, so it reads one page id per tile (a register,
+// one tile ahead) and steps a row pointer, as for contiguous K/V. Otherwise (pages of 1..4 keys) it copies every
+// kRowsPerPass-th row, each on its own page, through per-row offsets in shared memory (row offsets, above).
+template <int kHeadDim, bool kRaggedQ, bool kPaged, bool kPageGroups = false>
 // 2 blocks per SM: 4 warps at up to 255 registers each use the whole register file of an SM at 2 x 128 threads.
 __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const __grid_constant__ PrefillParams p) {
-  using Tr = PrefillTraits<kHeadDim, kPaged>;
+  static_assert(kPaged || !kPageGroups, "page groups are a paged copy scheme");
+  using Tr = PrefillTraits<kHeadDim, kPaged && !kPageGroups>;
   using bf16 = __nv_bfloat16;
   constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kChunks = Tr::kChunks, kMTiles = Tr::kMTiles;
   constexpr int kSubN = Tr::kSubN, kSTiles = Tr::kSTiles, kOTiles = Tr::kOTiles, kRowsPerPass = Tr::kRowsPerPass;
@@ -312,6 +320,53 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     return bad;
   };
 
+  // Page groups: the page id of this thread's rows of tile j (-1 past kv_len).
+  constexpr int kGroupRows = Tr::kGroupRows;
+  auto group_page_id = [&](int j) -> int32_t {
+    const int t = j * kBN + ld_row * kGroupRows;
+    return t < kv_len
+               ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2)))
+               : -1;
+  };
+  // Page groups: bit g of sBadBits[j % 3] marks row group g of tile j on an invalid page (its keys are dropped:
+  // the tile then needs the element mask). Set by the copying threads after the barrier that opens iteration
+  // j - 1, read after the one that opens iteration j, cleared by thread 0 in iteration j + 2 (see the loop).
+  uint32_t* const sBadBits = reinterpret_cast<uint32_t*>(sPage);
+  auto issue_kv_groups = [&](int j, int stage, int slot, int32_t id) {
+    uint4* sK = sKV + stage * (2 * Tr::kTileChunks);
+    uint4* sV = sK + Tr::kTileChunks;
+    const int row0g = ld_row * kGroupRows;
+    const int t0 = j * kBN + row0g;
+    if (page_ok(id)) {
+      const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
+      const bf16* kp = static_cast<const bf16*>(p.k_ptr) + (int64_t(id) * p.k_batch_stride + in_page * p.k_seq_stride +
+                                                            int64_t(kvh) * p.k_head_stride + ld_chunk * 8);
+      const bf16* vp = static_cast<const bf16*>(p.v_ptr) + (int64_t(id) * p.v_batch_stride + in_page * p.v_seq_stride +
+                                                            int64_t(kvh) * p.v_head_stride + ld_chunk * 8);
+#pragma unroll
+      for (int r = 0; r < kGroupRows; ++r) {
+        const int at = swizzle<kChunks>(row0g + r, ld_chunk);
+        if (t0 + r < kv_len) {
+          cp_async16(sK + at, kp);
+          cp_async16(sV + at, vp);
+        } else {
+          sK[at] = zero16;
+          sV[at] = zero16;
+        }
+        kp += p.k_seq_stride;
+        vp += p.v_seq_stride;
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kGroupRows; ++r) {
+        const int at = swizzle<kChunks>(row0g + r, ld_chunk);
+        sK[at] = zero16;
+        sV[at] = zero16;
+      }
+      if (t0 < kv_len && ld_chunk == 0) atomicOr(sBadBits + slot, 1u << ld_row);
+    }
+  };
+
   // ---- per-thread state ------------------------------------------------------------------------------
   float acc_o[kMTiles][kOTiles][4];  // O, unnormalized: rows (lane/4, +8) of each m16 tile, fp32
   float row_max[kMTiles][2];         // running max of the scaled scores (exp2 domain) per row
@@ -337,6 +392,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   const uint32_t v_lane = ldsm_bt_offset<kChunks>(lane);                         // V: B fragments (transposed)
 
   // One K/V tile, in sub-tiles of kSubN keys: S = Q K^T, mask (kMask), online softmax, O += P V.
+  // Paged: `ids` points to the tile's page ids (row offsets) or to its sBadBits word (page groups).
   auto tile_step = [&](auto mask_tag, int j, int stage, const int32_t* ids) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t sK_addr = smem_base + (Tr::kQChunks + stage * 2 * Tr::kTileChunks) * 16;  // K tile of `stage`
@@ -386,7 +442,16 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
         int key_lim = kv_len - n0;
         if (has_mask) key_lim = min(key_lim, p.mask_len - n0);
         uint32_t page_bits = 0;  // bit 2 nt + e: column nt * 8 + 2 (lane % 4) + e is on a valid page
-        if constexpr (kPaged) {
+        if constexpr (kPageGroups) {
+          const uint32_t bad_groups = uint32_t(*ids);  // re-read here: no register held across the tile
+#pragma unroll
+          for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int kc = sub * kSubN + nt * 8 + 2 * (lane & 3) + e;  // key within the tile
+              page_bits |= (~bad_groups >> (kc / kGroupRows) & 1u) << (2 * nt + e);
+            }
+        } else if constexpr (kPaged) {
 #pragma unroll
           for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
@@ -394,6 +459,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
               page_bits |= uint32_t(page_ok(ids[sub * kSubN + nt * 8 + 2 * (lane & 3) + e])) << (2 * nt + e);
         }
         (void)page_bits;
+        (void)ids;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -488,9 +554,17 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   // issue_kv(j + 2). Then, after the tile's math, it loads the ids of tile j + 3.
   auto off_row = [&](int j) { return sRowOff + (j & 1) * kBN; };
   bool bad = false;        // this thread's last issued tile had an invalid page (needs the element mask)
-  int32_t next_id = -1;    // row offsets on: the page id of key (j + 2) * BN + tid, for iteration j
+  int32_t next_id = -1;    // row offsets: the page id of key (j + 2) * BN + tid; page groups: this thread's of tile j + 1
   if (n_tiles > 0) {
-    if constexpr (kPaged && Tr::kRowOffsets) {
+    if constexpr (kPageGroups) {
+      if (tid < 3) sBadBits[tid] = 0u;
+      const int32_t id0 = group_page_id(0);
+      next_id = n_tiles > 1 ? group_page_id(1) : -1;
+      __syncthreads();  // the bits are zero before any copy marks them
+      issue_q();
+      issue_kv_groups(0, 0, 0, id0);
+      cp_async_commit();
+    } else if constexpr (kPaged && Tr::kRowOffsets) {
       const int32_t id0 = load_page_id(0), id1 = n_tiles > 1 ? load_page_id(1) : -1;
       resolve_row(0, id0, sPage, off_row(0));
       if (n_tiles > 1) resolve_row(1, id1, sPage + kBN, off_row(1));
@@ -503,9 +577,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       cp_async_wait<0>();
       __syncthreads();
     }
-    issue_q();
-    bad = issue_kv(0, 0, sPage, off_row(0));
-    cp_async_commit();
+    if constexpr (!kPageGroups) {
+      issue_q();
+      bad = issue_kv(0, 0, sPage, off_row(0));
+      cp_async_commit();
+    }
   }
   int slot = 0;  // j % 3
   for (int j = 0; j < n_tiles; ++j) {
@@ -515,13 +591,25 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     // After the barrier: every thread's copies of tile j are visible, and every warp is done with tile j - 1,
     // whose stage tile j + 1 now overwrites.
     bool any_bad = false;
-    if constexpr (kPaged) {
+    if constexpr (kPageGroups) {
+      __syncthreads();
+      any_bad = sBadBits[slot] != 0u;
+      // Tile j - 1's bits: read before this barrier; tile j + 2 marks them after the next one.
+      if (tid == 0) sBadBits[slot2] = 0u;
+      if (j + 1 < n_tiles) {
+        issue_kv_groups(j + 1, stage ^ 1, slot1, next_id);
+        next_id = j + 2 < n_tiles ? group_page_id(j + 2) : -1;  // lands while tile j computes
+      }
+    } else if constexpr (kPaged) {
       any_bad = __syncthreads_or(bad) != 0;
     } else {
       __syncthreads();
     }
-    if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN, off_row(j + 1));
-    if constexpr (kPaged && Tr::kRowOffsets) {
+    if constexpr (!kPageGroups) {
+      if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN, off_row(j + 1));
+    }
+    if constexpr (kPageGroups) {
+    } else if constexpr (kPaged && Tr::kRowOffsets) {
       if (j + 2 < n_tiles) resolve_row(j + 2, next_id, sPage + slot2 * kBN, off_row(j));
     } else if constexpr (kPaged) {
       if (j + 2 < n_tiles) fetch_pages(j + 2, slot2);
@@ -530,12 +618,13 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
 
     const int n0 = j * kBN;
     const bool need_mask = has_mask || any_bad || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
+    const int32_t* tile_pages = kPageGroups ? reinterpret_cast<const int32_t*>(sBadBits + slot) : sPage + slot * kBN;
     if (need_mask) {
-      tile_step(std::true_type{}, j, stage, sPage + slot * kBN);
+      tile_step(std::true_type{}, j, stage, tile_pages);
     } else {
-      tile_step(std::false_type{}, j, stage, sPage + slot * kBN);
+      tile_step(std::false_type{}, j, stage, tile_pages);
     }
-    if constexpr (kPaged && Tr::kRowOffsets) {
+    if constexpr (kPaged && Tr::kRowOffsets && !kPageGroups) {
       if (j + 3 < n_tiles) next_id = load_page_id(j + 3);
     }
     slot = slot1;

@@ -8,10 +8,10 @@
 namespace astrai {
 namespace attention {
 
-template <int kHeadDim, bool kRaggedQ, bool kPaged>
+template <int kHeadDim, bool kRaggedQ, bool kPaged, bool kPageGroups = false>
 cudaError_t launch_prefill_variant(const PrefillParams& p, cudaStream_t stream) {
   constexpr int kSmem = PrefillTraits<kHeadDim>::kSmemBytes;
-  auto* kernel = &prefill_bf16_kernel<kHeadDim, kRaggedQ, kPaged>;
+  auto* kernel = &prefill_bf16_kernel<kHeadDim, kRaggedQ, kPaged, kPageGroups>;
   // Above 48 KB of dynamic shared memory a kernel must opt in, per device: set it on every launch (cheap, and
   // right whichever device is current).
   ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -25,12 +25,17 @@ cudaError_t launch_prefill_variant(const PrefillParams& p, cudaStream_t stream) 
 template <int kHeadDim>
 cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   const bool ragged_q = p.qo_indptr_ptr != nullptr;
-  if (ragged_q) {
-    return p.paged ? launch_prefill_variant<kHeadDim, true, true>(p, stream)
-                   : launch_prefill_variant<kHeadDim, true, false>(p, stream);
+  if (!p.paged) {
+    return ragged_q ? launch_prefill_variant<kHeadDim, true, false>(p, stream)
+                    : launch_prefill_variant<kHeadDim, false, false>(p, stream);
   }
-  return p.paged ? launch_prefill_variant<kHeadDim, false, true>(p, stream)
-                 : launch_prefill_variant<kHeadDim, false, false>(p, stream);
+  // Pages of at least a thread's row group: one page id per thread and tile (prefill_bf16_kernel).
+  if ((1 << p.page_size_log2) >= PrefillTraits<kHeadDim, true>::kGroupRows) {
+    return ragged_q ? launch_prefill_variant<kHeadDim, true, true, true>(p, stream)
+                    : launch_prefill_variant<kHeadDim, false, true, true>(p, stream);
+  }
+  return ragged_q ? launch_prefill_variant<kHeadDim, true, true>(p, stream)
+                  : launch_prefill_variant<kHeadDim, false, true>(p, stream);
 }
 
 }  // namespace attention
