@@ -68,6 +68,19 @@ struct DecodeDefaultTile<256> {
   static constexpr int kPagedWaveBlocksPerSm = 4;
 };
 
+// The tile where a block may not take the default tile's shared memory (sm_89 and sm_120 allow 99 KB per block
+// against the 8-warp D = 128 tile's 128 KB): 4 warps x 3 stages (96 KB), also one block per SM, so the plan is
+// the same. On the H200 it was 0.5-4% faster than the default for contiguous K/V and 10-15% slower for paged
+// K/V at B = 16 (csrc/tools/decode_merge_sweep.cu, 2026-12-01); not measured on an sm_89 or sm_120 part.
+template <int kHeadDim>
+struct DecodeSmallSmemTile {
+  using type = typename DecodeDefaultTile<kHeadDim>::type;
+};
+template <>
+struct DecodeSmallSmemTile<128> {
+  using type = DecodeTile<4, 16, 3>;
+};
+
 template <int kHeadDim, class Tile>
 struct DecodeTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "decode supports head_dim 64, 128, 256");

@@ -2,9 +2,13 @@
 // the decode sweep, which instantiates other tiles).
 #pragma once
 
+#include <atomic>
+#include <type_traits>
+
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
 #include "kernels/attention/decode_dispatch.h"
+#include "kernels/common/cuda_check.h"
 
 namespace astrai {
 namespace attention {
@@ -33,11 +37,38 @@ cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Whether a block of the current device may take `bytes` of dynamic shared memory (plus the decode kernel's
+// few static words); cached per device (the answer is fixed for the process).
+inline cudaError_t decode_smem_fits(int bytes, bool* fits) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> optin[kMaxDevices];  // 0 unknown, else 1 + the device's opt-in limit per block
+  int device = 0;
+  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+  int limit = 0;
+  const int cached = device >= 0 && device < kMaxDevices ? optin[device].load(std::memory_order_relaxed) : 0;
+  if (cached > 0) {
+    limit = cached - 1;
+  } else {
+    ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (device >= 0 && device < kMaxDevices) optin[device].store(limit + 1, std::memory_order_relaxed);
+  }
+  *fits = bytes + 1024 <= limit;
+  return cudaSuccess;
+}
+
 template <int kHeadDim>
 cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream) {
   using Tile = typename DecodeDefaultTile<kHeadDim>::type;
-  static_assert(DecodeTraits<kHeadDim, Tile>::merge_fits(kDecodeMaxSplits, kMaxGroup),
-                "the production tile fuses the merge of every plan");
+  using Small = typename DecodeSmallSmemTile<kHeadDim>::type;
+  static_assert(DecodeTraits<kHeadDim, Tile>::merge_fits(kDecodeMaxSplits, kMaxGroup) &&
+                    DecodeTraits<kHeadDim, Small>::merge_fits(kDecodeMaxSplits, kMaxGroup),
+                "the production tiles fuse the merge of every plan");
+  static_assert(DecodeTraits<kHeadDim, Small>::kSmemBytes + 1024 <= 99 * 1024, "the fallback fits sm_89 / sm_120");
+  if constexpr (!std::is_same<Tile, Small>::value) {
+    bool fits = false;
+    ASTRAI_CUDA_TRY(decode_smem_fits(DecodeTraits<kHeadDim, Tile>::kSmemBytes, &fits));
+    if (!fits) return launch_decode_tile<kHeadDim, Small>(p, stream);
+  }
   return launch_decode_tile<kHeadDim, Tile>(p, stream);
 }
 
