@@ -857,7 +857,7 @@ bool check_rejections() {
   return ok;
 }
 
-#if !defined(ASTRAI_HOST_EMULATION)  // the host emulation (.gpu_scratch/prefill/emu) runs the table only
+#if !defined(ASTRAI_HOST_EMULATION)  // a host emulation (mma_bf16_sm80.cuh) runs the table only
 // ---- --bench ---------------------------------------------------------------------------------------------
 
 __global__ void fill_random_bf16(uint16_t* x, int64_t n, uint32_t seed) {

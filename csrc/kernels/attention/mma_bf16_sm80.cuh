@@ -1,7 +1,8 @@
 // Warp-level tensor-core primitives for sm_80+: ldmatrix (plain and transposed), bf16 m16n8k16 mma with fp32
 // accumulators, fast exp2, and the 128-byte XOR swizzle of shared-memory tiles. Off the device pass the bodies are
 // empty (the host compiler only parses them), except under ASTRAI_HOST_EMULATION, where a host harness that runs
-// the kernels on CPU threads supplies the warp-collective ldmatrix and mma (.gpu_scratch/prefill/emu).
+// the kernels on CPU threads supplies the warp-collective ldmatrix and mma (a developer harness of 2026-11-29, not
+// kept in the repository: the hooks stay so that one can be rebuilt).
 #pragma once
 
 #include <cmath>
