@@ -69,8 +69,8 @@ struct DecodeDefaultTile<256> {
 };
 
 // The tile where a block may not take the default tile's shared memory (sm_89 and sm_120 allow 99 KB per block
-// against the 8-warp D = 128 tile's 128 KB): 4 warps x 3 stages (96 KB), also one block per SM, so the plan is
-// the same. On the H200 it was 0.5-4% faster than the default for contiguous K/V and 10-15% slower for paged
+// against the 8-warp D = 128 tile's 128 KB), and for splits shorter than one 16-key tile per warp of the default
+// (launch_decode_split_kv): 4 warps x 3 stages (96 KB), also one block per SM, so the plan is the same. On the H200 it was 0.5-4% faster than the default for contiguous K/V and 10-15% slower for paged
 // K/V at B = 16 (csrc/tools/decode_merge_sweep.cu, 2026-12-01); not measured on an sm_89 or sm_120 part.
 template <int kHeadDim>
 struct DecodeSmallSmemTile {
