@@ -23,9 +23,9 @@
 namespace astrai {
 namespace attention {
 
-// Launches decode_split_kv_kernel<kHeadDim, paged, DecodeDefaultTile<kHeadDim>> for params already checked
-// by the launcher (with num_splits > 1: the zeroed counters of the fused merge, or the combine, are the
-// caller's).
+// Launches decode_split_kv_kernel<kHeadDim, paged, tile> for params already checked by the launcher, the tile
+// DecodeDefaultTile<kHeadDim> or, for short splits and small-shared-memory GPUs, DecodeSmallSmemTile<kHeadDim>
+// (with num_splits > 1: the zeroed counters of the fused merge, or the combine, are the caller's).
 template <int kHeadDim>
 cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream);
 
