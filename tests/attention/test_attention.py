@@ -418,6 +418,40 @@ def test_auto_priority_cuda_then_flash_then_torch(monkeypatch, q_len):
     assert backend.select_backend(_call(q_len, grad=True)).name == "torch"
 
 
+def test_flash_backend_forwards_scale_and_causal_to_flash_attn(monkeypatch):
+    """The flash backend's plumbing, with a stand-in `flash_attn` module (the real package is not installed
+    where the tests run): q, k, v unchanged (GQA K/V heads go through as they are), the resolved scale and
+    the causal flag; a failing import gives None (the blocker then names the missing package)."""
+    import sys
+    import types
+
+    seen = {}
+
+    def flash_attn_func(q, k, v, *, softmax_scale, causal):
+        seen.update(q=q, k=k, v=v, scale=softmax_scale, causal=causal)
+        return torch.zeros_like(q)
+
+    fake = types.SimpleNamespace(flash_attn_func=flash_attn_func)
+    q, k, v = rand(2, 4, 8, 128, dtype=torch.bfloat16), rand(2, 16, 2, 128, dtype=torch.bfloat16), \
+        rand(2, 16, 2, 128, dtype=torch.bfloat16)
+    backend._flash_attn.cache_clear()  # the import is cached per process: start and end with it unresolved
+    try:
+        monkeypatch.setitem(sys.modules, "flash_attn", fake)
+        assert backend._flash_attn() is fake
+        for causal, scale in ((False, None), (True, 0.25)):
+            call = backend._canonical(q, k, v, None, None, None, causal, None, scale, None)
+            out = backend.FlashAttnBackend().forward(call)
+            assert out.shape == q.shape
+            assert seen["q"] is q and seen["k"] is k and seen["v"] is v
+            assert seen["causal"] is causal
+            assert seen["scale"] == pytest.approx(128 ** -0.5 if scale is None else scale)
+        backend._flash_attn.cache_clear()
+        monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn` now raises ImportError
+        assert backend._flash_attn() is None
+    finally:
+        backend._flash_attn.cache_clear()
+
+
 class _Recorder:
     """Stands in for the ops module's kernels: records each call and returns q-shaped zeros."""
 

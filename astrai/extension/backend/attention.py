@@ -401,7 +401,7 @@ class FlashAttnBackend(AttentionBackend):
             return "packed sequences (qo_indptr) are not routed to flash_attn"
         if call.attn_mask is not None or call.kv_lens is not None:
             return "flash_attn_func takes no mask and no per-sequence lengths"
-        if not call.q.is_cuda or call.q.dtype not in (torch.float16, torch.bfloat16) or call.k.dtype != call.q.dtype:
+        if call.q.dtype not in (torch.float16, torch.bfloat16) or call.k.dtype != call.q.dtype:
             return "flash_attn takes fp16/bf16 CUDA tensors of one dtype"
         if call.q.shape[-1] > 256 or call.q.shape[-1] % 8:
             return f"flash_attn takes head_dim <= 256, a multiple of 8, got {call.q.shape[-1]}"
