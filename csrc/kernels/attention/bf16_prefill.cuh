@@ -556,14 +556,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   bool bad = false;        // this thread's last issued tile had an invalid page (needs the element mask)
   int32_t next_id = -1;    // row offsets: the page id of key (j + 2) * BN + tid; page groups: this thread's of tile j + 1
   if (n_tiles > 0) {
+    int32_t first_id = -1;  // page groups: this thread's page of tile 0
     if constexpr (kPageGroups) {
       if (tid < 3) sBadBits[tid] = 0u;
-      const int32_t id0 = group_page_id(0);
+      first_id = group_page_id(0);
       next_id = n_tiles > 1 ? group_page_id(1) : -1;
       __syncthreads();  // the bits are zero before any copy marks them
-      issue_q();
-      issue_kv_groups(0, 0, 0, id0);
-      cp_async_commit();
     } else if constexpr (kPaged && Tr::kRowOffsets) {
       const int32_t id0 = load_page_id(0), id1 = n_tiles > 1 ? load_page_id(1) : -1;
       resolve_row(0, id0, sPage, off_row(0));
@@ -577,11 +575,14 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       cp_async_wait<0>();
       __syncthreads();
     }
-    if constexpr (!kPageGroups) {
-      issue_q();
+    issue_q();
+    if constexpr (kPageGroups) {
+      issue_kv_groups(0, 0, 0, first_id);
+    } else {
       bad = issue_kv(0, 0, sPage, off_row(0));
-      cp_async_commit();
     }
+    cp_async_commit();
+    (void)first_id;
   }
   int slot = 0;  // j % 3
   for (int j = 0; j < n_tiles; ++j) {
@@ -600,19 +601,18 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
         issue_kv_groups(j + 1, stage ^ 1, slot1, next_id);
         next_id = j + 2 < n_tiles ? group_page_id(j + 2) : -1;  // lands while tile j computes
       }
-    } else if constexpr (kPaged) {
-      any_bad = __syncthreads_or(bad) != 0;
     } else {
-      __syncthreads();
-    }
-    if constexpr (!kPageGroups) {
+      if constexpr (kPaged) {
+        any_bad = __syncthreads_or(bad) != 0;
+      } else {
+        __syncthreads();
+      }
       if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN, off_row(j + 1));
-    }
-    if constexpr (kPageGroups) {
-    } else if constexpr (kPaged && Tr::kRowOffsets) {
-      if (j + 2 < n_tiles) resolve_row(j + 2, next_id, sPage + slot2 * kBN, off_row(j));
-    } else if constexpr (kPaged) {
-      if (j + 2 < n_tiles) fetch_pages(j + 2, slot2);
+      if constexpr (kPaged && Tr::kRowOffsets) {
+        if (j + 2 < n_tiles) resolve_row(j + 2, next_id, sPage + slot2 * kBN, off_row(j));
+      } else if constexpr (kPaged) {
+        if (j + 2 < n_tiles) fetch_pages(j + 2, slot2);
+      }
     }
     cp_async_commit();
 
