@@ -22,7 +22,9 @@ cudaError_t attn_prefill_bf16_launch(const PrefillParams& p, cudaStream_t stream
   }
   switch (p.head_dim) {
     case 64: return attention::launch_prefill<64>(p, stream);
-    case 128: return attention::launch_prefill<128>(p, stream);
+    case 128:
+      return attention::prefill_sm90_usable(p) ? attention::launch_prefill_sm90(p, stream)
+                                               : attention::launch_prefill<128>(p, stream);
     default: return attention::launch_prefill<256>(p, stream);
   }
 }

@@ -1,0 +1,408 @@
+// GQA prefill at head_dim 128 on Hopper warpgroup tensor cores (sm_90a wgmma, fp32 online softmax), behind the same
+// op and parameters as the mma.sync kernel (bf16_prefill.cuh): the same Q tiles (128 packed rows, GQA head
+// packing, the ragged tile map), dense / ragged Q, contiguous / paged K/V (pages of >= 8 keys), causal, masks.
+// Two warpgroups of 64 packed rows each; K and V stream through shared memory in 128-key tiles, double-buffered by
+// cp.async into the 128-byte-swizzled layout the wgmma descriptors read: S = Q K^T with both operands from shared
+// memory, O += P V with P from registers (the S accumulators rounded to bf16) and V read transposed.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+
+#include "kernels/attention/async_copy.cuh"
+#include "kernels/attention/bf16_prefill.cuh"
+#include "kernels/attention/mma_bf16_sm80.cuh"
+#include "kernels/attention/params.h"
+#include "kernels/attention/prefill_schedule.h"
+#include "kernels/attention/wgmma_sm90.cuh"
+
+namespace astrai {
+namespace attention {
+
+// Block shape. Shared memory: Q (128 x 128) 32 KB + 3 stages x (K, V: 128 x 128) 192 KB + 1 KB of alignment slack
+// + the invalid-page words: 225 KB of the 227 KB a block may take; one block per SM (256 threads at up to 255
+// registers).
+// Every (BM x 128) operand is stored as two halves of 64 columns (128-byte rows, chunk c of row r at chunk
+// c ^ (r % 8)): the canonical 128-byte-swizzle layout of wgmma, K-major for Q and K, MN-major for V.
+struct PrefillSm90Traits {
+  static constexpr int kHeadDim = 128;
+  static constexpr int kThreads = 256;                 // two warpgroups
+  static constexpr int kBM = 128;                      // packed rows per block (the mma.sync kernel's tile)
+  static constexpr int kBN = 128;                      // keys per K/V tile
+  static constexpr int kStages = 3;                    // tiles j - 1 (P V), j (S), j + 1 (landing)
+  static constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
+  static constexpr int kGroupRows = 8;                 // consecutive K/V (and Q) rows one thread copies
+  static constexpr uint32_t kHalfQ = kBM * 128;        // bytes of one 64-column half of Q
+  static constexpr uint32_t kHalfKV = kBN * 128;       // bytes of one half of a K or V tile
+  static constexpr uint32_t kQBytes = 2 * kHalfQ;
+  static constexpr uint32_t kTileBytes = 2 * kHalfKV;  // one K or V tile
+  static constexpr uint32_t kBadOffset = kQBytes + kStages * 2 * kTileBytes;
+  static constexpr int kSmemBytes = int(kBadOffset) + 16 + 1024;  // + 3 invalid-page words, + alignment slack
+  static_assert(kThreads / kChunks * kGroupRows == kBN && kBN == kBM, "one pass of group copies covers a tile");
+};
+static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a kernel takes the planned Q tiles");
+
+// Byte offset of 16-byte chunk c (0..15) of row r in a two-half operand of `half_bytes` per half.
+__device__ __forceinline__ uint32_t sm90_tile_offset(int r, int c, uint32_t half_bytes) {
+  return uint32_t(c >> 3) * half_bytes + uint32_t(r) * 128u + (uint32_t((c & 7) ^ (r & 7)) << 4);
+}
+
+// op(t[0], ..., t[15]) as a balanced tree (4 levels of independent operations instead of a chain of 15).
+template <typename Op>
+__device__ __forceinline__ float tree_reduce16(const float (&t)[16], Op op) {
+  float u[8];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) u[n] = op(t[n], t[n + 8]);
+#pragma unroll
+  for (int n = 0; n < 4; ++n) u[n] = op(u[n], u[n + 4]);
+  return op(op(u[0], u[2]), op(u[1], u[3]));
+}
+
+// grid, block mapping, Q tiles and semantics: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh), with
+// kThreads threads and kSmemBytes of dynamic shared memory. Warpgroup wg computes packed rows 64 wg .. 64 wg + 63.
+// kPaged: page groups only (page_size >= kGroupRows), so a thread's 8 rows of a tile lie on one page.
+template <bool kRaggedQ, bool kPaged>
+__global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
+    prefill_bf16_sm90_kernel(const __grid_constant__ PrefillParams p) {
+#if ASTRAI_WGMMA
+  using Tr = PrefillSm90Traits;
+  using bf16 = __nv_bfloat16;
+  constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kGroupRows = Tr::kGroupRows;
+
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  // The swizzle atoms must start 1024-byte aligned (descriptor base offset 0).
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - raw_addr);
+  uint8_t* const sQ = smem;
+  uint32_t* const sBadBits = reinterpret_cast<uint32_t*>(smem + Tr::kBadOffset);
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;  // wq: warp in warpgroup
+
+  // ---- which rows, heads and keys (as the mma.sync kernel) ---------------------------------------------
+  const QTile qt = locate_q_tile<kBM, kRaggedQ>(p);
+  if (qt.b < 0) return;  // idle tile (block-uniform: before any barrier)
+  const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2, rows_log2 = qt.rows_log2;
+  const int kvh = qt.kvh, qh0 = qt.qh0;
+  const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
+
+  int kv_len, kv_key0 = 0, kv_batch = 0;
+  if constexpr (kPaged) {
+    kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
+  } else if (p.kv_indptr_ptr != nullptr) {
+    const RowRange keys = clamp_indptr(__ldg(p.kv_indptr_ptr + b), __ldg(p.kv_indptr_ptr + b + 1), p.max_kv_len);
+    kv_len = keys.len;
+    kv_key0 = keys.lo;
+  } else {
+    kv_len = p.kv_lens_ptr != nullptr ? min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len) : p.max_kv_len;
+    kv_batch = b;
+  }
+  const int rows_here = min(q_len_b - row0, 1 << rows_log2);
+  const int pos0 = kv_len - q_len_b + row0;
+  const bool has_mask = p.mask_ptr != nullptr;
+  int n_end = kv_len;
+  if (p.is_causal) n_end = int(min(int64_t(n_end), max(int64_t(pos0) + rows_here, int64_t(0))));
+  if (has_mask) {
+    n_end = min(n_end, max(p.mask_len, 0));
+    if (p.mask_q_stride != 0 && row0 >= p.mask_q_len) n_end = 0;
+  }
+  const int n_tiles = (n_end + kBN - 1) / kBN;
+
+  // ---- loads: thread tid copies chunk tid % 16 of rows 8 (tid / 16) .. + 7 (Q rows; K/V keys of a tile) -----
+  const int ld_chunk = tid % Tr::kChunks;
+  const int ld_row0 = (tid / Tr::kChunks) * kGroupRows;
+  const uint4 zero16 = make_uint4(0, 0, 0, 0);
+  auto issue_q = [&]() {
+    const bf16* q = static_cast<const bf16*>(p.q_ptr) + q_off + ld_chunk * 8;
+#pragma unroll
+    for (int r = 0; r < kGroupRows; ++r) {
+      const int m = ld_row0 + r;
+      const int i = row0 + (m >> hb_log2);
+      const int h = qh0 + (m & ((1 << hb_log2) - 1));
+      uint8_t* dst = sQ + sm90_tile_offset(m, ld_chunk, Tr::kHalfQ);
+      if (i < q_len_b) {
+        cp_async16(dst, q + (int64_t(i) * p.q_seq_stride + int64_t(h) * p.q_head_stride));
+      } else {
+        *reinterpret_cast<uint4*>(dst) = zero16;  // rows past the sequence: zeros, never stored
+      }
+    }
+  };
+
+  auto page_ok = [&](int32_t id) { return id >= 0 && id < p.num_pages; };
+  // Paged: the page id of this thread's rows of tile j (-1 past kv_len).
+  auto group_page_id = [&](int j) -> int32_t {
+    const int t = j * kBN + ld_row0;
+    if constexpr (kPaged) {
+      return t < kv_len
+                 ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2)))
+                 : -1;
+    } else {
+      return -1;
+    }
+  };
+  // Keys past kv_len and rows of invalid pages are zero-filled (V rows must be finite: P = 0 times them is 0).
+  // An invalid page sets bit (tid / 16) of sBadBits[slot], so that the tile's keys of that group are dropped.
+  auto issue_kv = [&](int j, int stage, int slot, int32_t id) {
+    uint8_t* sK = smem + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes;
+    uint8_t* sV = sK + Tr::kTileBytes;
+    const int t0 = j * kBN + ld_row0;
+    const bf16* kp;
+    const bf16* vp;
+    bool ok = true;
+    if constexpr (kPaged) {
+      ok = page_ok(id);
+      const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
+      const int64_t pid = ok ? id : 0;
+      kp = static_cast<const bf16*>(p.k_ptr) +
+           (pid * p.k_batch_stride + in_page * p.k_seq_stride + int64_t(kvh) * p.k_head_stride + ld_chunk * 8);
+      vp = static_cast<const bf16*>(p.v_ptr) +
+           (pid * p.v_batch_stride + in_page * p.v_seq_stride + int64_t(kvh) * p.v_head_stride + ld_chunk * 8);
+      if (!ok && t0 < kv_len && ld_chunk == 0) atomicOr(sBadBits + slot, 1u << (tid / Tr::kChunks));
+    } else {
+      const int64_t key = kv_key0 + t0;
+      kp = static_cast<const bf16*>(p.k_ptr) + (key * p.k_seq_stride + int64_t(kvh) * p.k_head_stride +
+                                                int64_t(kv_batch) * p.k_batch_stride + ld_chunk * 8);
+      vp = static_cast<const bf16*>(p.v_ptr) + (key * p.v_seq_stride + int64_t(kvh) * p.v_head_stride +
+                                                int64_t(kv_batch) * p.v_batch_stride + ld_chunk * 8);
+    }
+#pragma unroll
+    for (int r = 0; r < kGroupRows; ++r) {
+      const uint32_t at = sm90_tile_offset(ld_row0 + r, ld_chunk, Tr::kHalfKV);
+      if (ok && t0 + r < kv_len) {
+        cp_async16(sK + at, kp);
+        cp_async16(sV + at, vp);
+      } else {
+        *reinterpret_cast<uint4*>(sK + at) = zero16;
+        *reinterpret_cast<uint4*>(sV + at) = zero16;
+      }
+      kp += p.k_seq_stride;
+      vp += p.v_seq_stride;
+    }
+  };
+
+  // ---- per-thread state: rows 16 wq + g and + 8 of this warpgroup's 64 (g = lane / 4) ----------------------
+  float acc_o[64];  // O, unnormalized: acc_o[4 n + e] = O[row g + 8 (e / 2)][8 n + 2 (lane % 4) + e % 2]
+  float row_max[2], row_sum[2];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc_o[i] = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_max[h] = prefill_neg_inf();
+    row_sum[h] = 0.f;
+  }
+  const int wg_row0 = wg * 64;                   // this warpgroup's first packed row
+  const int my_row0 = wg_row0 + wq * 16 + (lane >> 2);  // this thread's first packed row (the second: + 8)
+
+  auto kv_addr = [&](int stage) { return base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes; };
+  // S = Q K^T of the tile in `stage`: one commit group of 8 k-steps.
+  auto issue_s = [&](float (&s)[64], int stage) {
+    const uint32_t sK_addr = kv_addr(stage);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t half = uint32_t(kk >> 2), step = uint32_t(kk & 3) * 32;
+      const uint64_t da = wgmma_desc_sw128(base + half * Tr::kHalfQ + uint32_t(wg_row0) * 128 + step, 16, 1024);
+      const uint64_t db = wgmma_desc_sw128(sK_addr + half * Tr::kHalfKV + step, 16, 1024);
+      wgmma_m64n128k16_ss(s, da, db, kk > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V of the tile in `stage`, P from pa: one commit group of 8 k-steps of 16 keys.
+  uint32_t pa[8][4];  // P in bf16, the A fragments of P V: k-step kk is n-tiles 2 kk and 2 kk + 1 of S
+  auto issue_pv = [&](int stage) {
+    const uint32_t sV_addr = kv_addr(stage) + Tr::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint64_t dv = wgmma_desc_sw128(sV_addr + uint32_t(kk) * 2048, Tr::kHalfKV, 1024);
+      wgmma_m64n128k16_rs_tnspb(acc_o, pa[kk], dv, true);
+    }
+    wgmma_commit();
+  };
+
+  // Scores of tile j to exp2 weights in place (scale, mask when kMask, online max), the running sums updated;
+  // alpha: the factor O must take before this tile's P V. Returns whether some row max of this thread grew.
+  auto softmax = [&](auto mask_tag, float (&s)[64], int j, uint32_t bad_groups, float (&alpha)[2]) -> bool {
+    constexpr bool kMask = decltype(mask_tag)::value;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] *= p.scale_log2;
+    if constexpr (kMask) {
+      const int n0 = j * kBN;
+      int key_lim = kv_len - n0;
+      if (has_mask) key_lim = min(key_lim, p.mask_len - n0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int di = (my_row0 + 8 * h) >> hb_log2;
+        const int i = row0 + di;
+        int lim = key_lim;
+        if (p.is_causal) lim = min(lim, pos0 + di - n0 + 1);
+        if (i >= q_len_b || (has_mask && p.mask_q_stride != 0 && i >= p.mask_q_len)) lim = 0;
+        const uint8_t* mrow = has_mask ? p.mask_ptr + (int64_t(b) * p.mask_batch_stride +
+                                                       int64_t(i) * p.mask_q_stride + n0) : nullptr;
+#pragma unroll
+        for (int n = 0; n < 16; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n * 8 + 2 * (lane & 3) + e;
+            bool keep = col < lim;
+            if (has_mask) keep = keep && mrow[col] != 0;
+            if constexpr (kPaged) keep = keep && !((bad_groups >> (col / kGroupRows)) & 1u);
+            if (!keep) s[4 * n + 2 * h + e] = prefill_neg_inf();
+          }
+      }
+    }
+    (void)bad_groups;
+    // Reductions as trees: with two warps per scheduler, serial chains of 32 dependent max / add would leave the
+    // issue slots idle for their latency.
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float t[16];
+#pragma unroll
+      for (int n = 0; n < 16; ++n) t[n] = fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
+      float mx = fmaxf(row_max[h], tree_reduce16(t, [](float a, float b) { return fmaxf(a, b); }));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_use = mx == prefill_neg_inf() ? 0.f : mx;  // nothing kept yet: exp2(-inf - 0) = 0, not NaN
+      const bool grew = mx != row_max[h];
+      alpha[h] = grew ? fast_exp2(row_max[h] - m_use) : 1.f;
+      moved |= grew;
+      row_max[h] = mx;
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        s[4 * n + 2 * h] = fast_exp2(s[4 * n + 2 * h] - m_use);
+        s[4 * n + 2 * h + 1] = fast_exp2(s[4 * n + 2 * h + 1] - m_use);
+        t[n] = s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+      }
+      row_sum[h] = row_sum[h] * alpha[h] + tree_reduce16(t, [](float a, float b) { return a + b; });
+    }
+    return moved;
+  };
+
+  // ---- main loop ------------------------------------------------------------------------------------
+  // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, and computes the softmax of S_j while that P V runs
+  // on the tensor cores; then rescales O and rounds P_j. Tile j + 1 lands meanwhile: three stages (tiles j - 1,
+  // j, j + 1), stage j % 3.
+  // Paged: bit g of sBadBits[j % 3] marks row group g of tile j on an invalid page; set by the copies of tile j
+  // (after the barrier that opens iteration j - 1), read after the barrier of iteration j, cleared by thread 0 in
+  // iteration j - 2, between the last read of that word (tile j - 3) and the first copy that marks it.
+  int32_t next_id = -1;  // paged: this thread's page of tile j + 1
+  if (n_tiles > 0) {
+    if constexpr (kPaged) {
+      if (tid < 3) sBadBits[tid] = 0u;
+      next_id = n_tiles > 1 ? group_page_id(1) : -1;
+      __syncthreads();  // the bits are zero before any copy marks them
+    }
+    issue_q();
+    issue_kv(0, 0, 0, group_page_id(0));
+    cp_async_commit();
+  }
+  int stage = 0, prev_stage = 0;  // j % 3 (the stage and the bad-bits word of tile j), (j - 1) % 3
+  for (int j = 0; j < n_tiles; ++j) {
+    const int next_stage = stage == 2 ? 0 : stage + 1, after_next = next_stage == 2 ? 0 : next_stage + 1;
+    cp_async_wait<0>();        // tile j (and Q) landed for this thread's copies
+    fence_proxy_async_smem();  // ... and is visible to the tensor cores once the barrier publishes it
+    // After the barrier: every copy of tile j is visible, and both warpgroups are done with tile j - 2 (P V of
+    // iteration j - 1 completed), whose stage tile j + 1 now overwrites.
+    __syncthreads();
+    uint32_t bad_groups = 0;
+    if constexpr (kPaged) {
+      bad_groups = sBadBits[stage];
+      if (tid == 0) sBadBits[after_next] = 0u;
+    }
+    if (j + 1 < n_tiles) {
+      issue_kv(j + 1, next_stage, next_stage, next_id);
+      if constexpr (kPaged) next_id = j + 2 < n_tiles ? group_page_id(j + 2) : -1;
+    }
+    cp_async_commit();
+
+    float s[64];
+    wgmma_fence();  // pa and acc_o were written since the last wgmma
+    issue_s(s, stage);
+    if (j > 0) {
+      issue_pv(prev_stage);
+      wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    } else {
+      wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+
+    const int n0 = j * kBN;
+    const bool need_mask =
+        has_mask || bad_groups != 0u || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
+    float alpha[2];
+    const bool moved = need_mask ? softmax(std::true_type{}, s, j, bad_groups, alpha)
+                                 : softmax(std::false_type{}, s, j, bad_groups, alpha);
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+    // Past the first tiles a row max rarely grows: skip the 64 multiplies when no row of the warp moved.
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc_o[i] *= alpha[(i % 4) / 2];
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      pa[n / 2][(n % 2) * 2] = pack_bf16x2_rn(s[4 * n], s[4 * n + 1]);
+      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2_rn(s[4 * n + 2], s[4 * n + 3]);
+    }
+    prev_stage = stage;
+    stage = next_stage;
+  }
+  if (n_tiles > 0) {
+    wgmma_fence();
+    issue_pv(prev_stage);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+  }
+  (void)next_id;
+
+  // ---- epilogue: O / l to bf16, staged through this warpgroup's own rows of sQ for 16-byte stores -----------
+  // Only this warpgroup's wgmma read those rows, and they completed (wait_group 0); no copy is in flight.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = row_sum[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that kept no key: zeros
+    const int r = my_row0 + 8 * h;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(sQ + sm90_tile_offset(r, n, Tr::kHalfQ)) + (lane & 3);
+      *dst = pack_bf16x2_rn(acc_o[4 * n + 2 * h] * inv, acc_o[4 * n + 2 * h + 1] * inv);
+    }
+  }
+  // The warpgroup's 128 threads only (named barrier 1 + wg): the other warpgroup may still be in its loop.
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+  const QTile ot = locate_q_tile<kBM, kRaggedQ>(p);  // as qt, recomputed
+  bf16* out = static_cast<bf16*>(p.out_ptr) +
+              (kRaggedQ ? int64_t(ot.seq_lo) * p.out_seq_stride : int64_t(ot.b) * p.out_batch_stride);
+  const int wtid = tid & 127;
+#pragma unroll
+  for (int idx = wtid; idx < 64 * Tr::kChunks; idx += 128) {
+    const int m = wg_row0 + idx / Tr::kChunks;
+    const int c = idx % Tr::kChunks;
+    const int i = ot.row0 + (m >> ot.hb_log2);
+    const int h = ot.qh0 + (m & ((1 << ot.hb_log2) - 1));
+    if (i < ot.q_len) {
+      *reinterpret_cast<uint4*>(out + (int64_t(i) * p.out_seq_stride + int64_t(h) * p.out_head_stride + c * 8)) =
+          *reinterpret_cast<const uint4*>(sQ + sm90_tile_offset(m, c, Tr::kHalfQ));
+    }
+  }
+#else
+  (void)p;  // not an sm_90a pass: never launched (prefill_sm90_usable)
+#endif
+}
+
+}  // namespace attention
+}  // namespace astrai

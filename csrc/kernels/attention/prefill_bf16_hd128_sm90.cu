@@ -1,0 +1,68 @@
+// sm_90a prefill launcher (head_dim 128, wgmma): when it applies, and the launch. Compiled for every arch of the
+// image like the rest of the family; only the sm_90a pass has a kernel body (bf16_prefill_sm90.cuh).
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/attention/bf16_prefill_sm90.cuh"
+#include "kernels/attention/prefill_dispatch.h"
+#include "kernels/common/cuda_check.h"
+
+namespace astrai {
+namespace attention {
+
+namespace {
+
+// Whether the current device runs this image's sm_90a code: compute capability 9.0 and the kernel's code built
+// from compute_90a PTX (not JIT-compiled from an older PTX, as under the ptx80 / ptx89 images, whose bodies are
+// empty). Cached per device (the answer cannot change within a process; concurrent first calls agree).
+bool device_runs_sm90a() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  constexpr int kMaxDevices = 64;
+  static signed char cached[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  if (device >= 0 && device < kMaxDevices && cached[device] != 0) return cached[device] > 0;
+  bool yes = false;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+      minor == 0) {
+    cudaFuncAttributes attr{};
+    yes = cudaFuncGetAttributes(&attr, prefill_bf16_sm90_kernel<false, false>) == cudaSuccess &&
+          attr.ptxVersion == 90 && attr.binaryVersion == 90;
+  }
+  if (device >= 0 && device < kMaxDevices) cached[device] = yes ? 1 : -1;
+  return yes;
+}
+
+template <bool kRaggedQ, bool kPaged>
+cudaError_t launch_sm90_variant(const PrefillParams& p, cudaStream_t stream) {
+  using Tr = PrefillSm90Traits;
+  auto* kernel = &prefill_bf16_sm90_kernel<kRaggedQ, kPaged>;
+  ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int64_t head_blocks = int64_t(p.num_kv_heads) * (group >> prefill_heads_log2(group));
+  const int64_t blocks = int64_t(p.num_q_tiles) * head_blocks;  // <= INT32_MAX (checked by the launcher)
+  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool prefill_sm90_usable(const PrefillParams& p) {
+  if (p.head_dim != 128) return false;
+  if (p.paged && (1 << p.page_size_log2) < PrefillSm90Traits::kGroupRows) return false;
+  const char* knob = std::getenv("ASTRAI_PREFILL_SM90");
+  if (knob != nullptr && std::strcmp(knob, "0") == 0) return false;
+  return device_runs_sm90a();
+}
+
+cudaError_t launch_prefill_sm90(const PrefillParams& p, cudaStream_t stream) {
+  const bool ragged_q = p.qo_indptr_ptr != nullptr;
+  if (p.paged) {
+    return ragged_q ? launch_sm90_variant<true, true>(p, stream) : launch_sm90_variant<false, true>(p, stream);
+  }
+  return ragged_q ? launch_sm90_variant<true, false>(p, stream) : launch_sm90_variant<false, false>(p, stream);
+}
+
+}  // namespace attention
+}  // namespace astrai

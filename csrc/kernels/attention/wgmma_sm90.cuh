@@ -1,0 +1,113 @@
+// Warpgroup tensor-core primitives for sm_90a: shared-memory matrix descriptors (128-byte swizzle), wgmma
+// m64n128k16 bf16 -> fp32 with A from shared memory or from registers, and the fences that order them. Only the
+// sm_90a device pass emits the instructions; every other pass compiles empty bodies, which the launcher never
+// runs (prefill_sm90_usable).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ASTRAI_WGMMA 1
+#else
+#define ASTRAI_WGMMA 0
+#endif
+
+namespace astrai {
+namespace attention {
+
+// Descriptor of a 128-byte-swizzled shared-memory operand (PTX ISA, "matrix descriptor"): start address,
+// leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B) in bits 62-63. The tile's 1024-byte
+// swizzle atoms must start 1024-byte aligned (base offset 0). In the 128-byte canonical layouts:
+//   K-major  (rows of 64 bf16 along K, 8-row atoms): SBO = bytes between 8-row groups; LBO unused.
+//   MN-major (rows of 64 bf16 along MN, one per K index): LBO = bytes between 64-wide MN blocks, SBO = bytes
+//            between groups of 8 K indices.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((smem_byte_addr & 0x3ffffu) >> 4) | (uint64_t((lbo >> 4) & 0x3fffu) << 16) |
+         (uint64_t((sbo >> 4) & 0x3fffu) << 32) | (uint64_t(1) << 62);
+}
+
+// Orders this warpgroup's earlier register and shared-memory accesses before the wgmma that follow (needed
+// whenever accumulators or register A fragments were written since the last wgmma).
+__device__ __forceinline__ void wgmma_fence() {
+#if ASTRAI_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if ASTRAI_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending committed wgmma groups of this warpgroup are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#if ASTRAI_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Shared memory written by ordinary stores or cp.async and read next by wgmma (the async proxy): each writing
+// thread fences after its writes land, before the barrier that publishes them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if ASTRAI_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accesses of an accumulator across wgmma issue and wait: the instructions write
+// the registers asynchronously, which the asm operands alone do not express.
+__device__ __forceinline__ void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void wgmma_fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// D (64 x 128 fp32, per thread 64 values) = A (64 x 16, shared, K-major) B (16 x 128, shared, K-major) + D if
+// accumulate. Accumulator layout: thread (warp w of the warpgroup, lane 4 g + t) holds d[4 n + e] = D[16 w + g +
+// 8 (e / 2)][8 n + 2 t + e % 2], n = 0..15.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                     bool accumulate) {
+#if ASTRAI_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+#endif
+}
+
+// D (64 x 128 fp32) = A (64 x 16 bf16, registers) B (16 x 128, shared, MN-major: rows of N along K) + D if
+// accumulate. a holds the mma.sync m16n8k16 A fragment of this warp's 16 rows: {A[g][2t..], A[g+8][2t..],
+// A[g][2t+8..], A[g+8][2t+8..]} as bf16x2. The registers must stay unchanged until the group completes.
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                          bool accumulate) {
+#if ASTRAI_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)));
+#endif
+}
+
+}  // namespace attention
+}  // namespace astrai
