@@ -1,9 +1,11 @@
 // GQA prefill at head_dim 128 on Hopper warpgroup tensor cores (sm_90a wgmma, fp32 online softmax), behind the same
 // op and parameters as the mma.sync kernel (bf16_prefill.cuh): the same Q tiles (128 packed rows, GQA head
 // packing, the ragged tile map), dense / ragged Q, contiguous / paged K/V (pages of >= 8 keys), causal, masks.
-// Two warpgroups of 64 packed rows each; K and V stream through shared memory in 128-key tiles, double-buffered by
-// cp.async into the 128-byte-swizzled layout the wgmma descriptors read: S = Q K^T with both operands from shared
-// memory, O += P V with P from registers (the S accumulators rounded to bf16) and V read transposed.
+// Warp-specialized, FlashAttention-3 style: a producer warpgroup copies Q and 128-key K/V tiles by cp.async into
+// the 128-byte-swizzled layout the wgmma descriptors read (three stages, mbarriers), and two consumer warpgroups of
+// 64 packed rows each compute S = Q K^T (both operands from shared memory) and O += P V (P from registers: the
+// S accumulators rounded to bf16; V read transposed), taking turns on the tensor cores (one's softmax runs while
+// the other's products do) and overlapping each tile's softmax with the previous tile's P V.
 #pragma once
 
 #include <cstdint>
@@ -21,26 +23,30 @@
 namespace astrai {
 namespace attention {
 
-// Block shape. Shared memory: Q (128 x 128) 32 KB + 3 stages x (K, V: 128 x 128) 192 KB + 1 KB of alignment slack
-// + the invalid-page words: 225 KB of the 227 KB a block may take; one block per SM (256 threads at up to 255
-// registers).
-// Every (BM x 128) operand is stored as two halves of 64 columns (128-byte rows, chunk c of row r at chunk
-// c ^ (r % 8)): the canonical 128-byte-swizzle layout of wgmma, K-major for Q and K, MN-major for V.
+// Block shape. Shared memory: Q (128 x 128) 32 KB + 3 stages x (K, V: 128 x 128) 192 KB + mbarriers and page flags
+// + 1 KB of alignment slack: 225 KB of the 227 KB a block may take; one block per SM. Every (rows x 128) operand is
+// stored as two halves of 64 columns (128-byte rows, chunk c of row r at chunk c ^ (r % 8)): the canonical
+// 128-byte-swizzle layout of wgmma, K-major for Q and K, MN-major for V.
 struct PrefillSm90Traits {
   static constexpr int kHeadDim = 128;
-  static constexpr int kThreads = 256;                 // two warpgroups
+  static constexpr int kConsumers = 2;                 // consumer warpgroups (64 packed rows each)
+  static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBM = 128;                      // packed rows per block (the mma.sync kernel's tile)
   static constexpr int kBN = 128;                      // keys per K/V tile
   static constexpr int kStages = 3;                    // tiles j - 1 (P V), j (S), j + 1 (landing)
   static constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
-  static constexpr int kGroupRows = 8;                 // consecutive K/V (and Q) rows one thread copies
+  static constexpr int kGroupRows = 8;                 // consecutive K/V rows copied from one page id
+  static constexpr int kGroups = kBN / kGroupRows;     // row groups per tile (page flags)
+  static constexpr int kProducerRegs = 40;             // setmaxnreg: 128 x 40 + 256 x 232 <= 64 K registers
+  static constexpr int kConsumerRegs = 232;
   static constexpr uint32_t kHalfQ = kBM * 128;        // bytes of one 64-column half of Q
   static constexpr uint32_t kHalfKV = kBN * 128;       // bytes of one half of a K or V tile
   static constexpr uint32_t kQBytes = 2 * kHalfQ;
   static constexpr uint32_t kTileBytes = 2 * kHalfKV;  // one K or V tile
-  static constexpr uint32_t kBadOffset = kQBytes + kStages * 2 * kTileBytes;
-  static constexpr int kSmemBytes = int(kBadOffset) + 16 + 1024;  // + 3 invalid-page words, + alignment slack
-  static_assert(kThreads / kChunks * kGroupRows == kBN && kBN == kBM, "one pass of group copies covers a tile");
+  static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kTileBytes;  // mbarriers: full[3], empty[3], q
+  static constexpr uint32_t kFlagOffset = kBarOffset + 64;  // page flags: [stage][group] bytes, 16-byte aligned
+  static constexpr int kSmemBytes = int(kFlagOffset) + kStages * kGroups + 1024;  // + alignment slack
+  static_assert(kBN == kBM && 128 / kChunks * 2 * kGroupRows == kBN, "a producer thread copies two row groups");
 };
 static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a kernel takes the planned Q tiles");
 
@@ -60,16 +66,20 @@ __device__ __forceinline__ float tree_reduce16(const float (&t)[16], Op op) {
   return op(op(u[0], u[2]), op(u[1], u[3]));
 }
 
-// grid, block mapping, Q tiles and semantics: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh), with
-// kThreads threads and kSmemBytes of dynamic shared memory. Warpgroup wg computes packed rows 64 wg .. 64 wg + 63.
-// kPaged: page groups only (page_size >= kGroupRows), so a thread's 8 rows of a tile lie on one page.
+// grid, Q tiles and semantics: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh), with kThreads threads and
+// kSmemBytes of dynamic shared memory. Warpgroup 0 copies; consumer c (warpgroup 1 + c) computes packed rows
+// 64 c .. 64 c + 63. kPaged: pages of >= kGroupRows keys only, so each 8-row group of a tile lies on one page.
+// Synchronization: full[s] completes when tile j (s = j % 3) has landed (each producer thread arrives once for its
+// cp.async and once for its page flags), empty[s] when both consumers are done with it (every consumer thread
+// arrives after the tile's P V completed); q_full when Q has landed. Named barriers 3 and 4 pass the tensor cores
+// between the consumers; 1 and 2 order each consumer's epilogue.
 template <bool kRaggedQ, bool kPaged>
 __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     prefill_bf16_sm90_kernel(const __grid_constant__ PrefillParams p) {
 #if ASTRAI_WGMMA
   using Tr = PrefillSm90Traits;
   using bf16 = __nv_bfloat16;
-  constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kGroupRows = Tr::kGroupRows;
+  constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kStages = Tr::kStages, kGroupRows = Tr::kGroupRows;
 
   extern __shared__ __align__(128) uint8_t smem_raw[];
   // The swizzle atoms must start 1024-byte aligned (descriptor base offset 0).
@@ -77,16 +87,17 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* const smem = smem_raw + (base - raw_addr);
   uint8_t* const sQ = smem;
-  uint32_t* const sBadBits = reinterpret_cast<uint32_t*>(smem + Tr::kBadOffset);
+  uint64_t* const full_bar = reinterpret_cast<uint64_t*>(smem + Tr::kBarOffset);
+  uint64_t* const empty_bar = full_bar + kStages;
+  uint64_t* const q_bar = empty_bar + kStages;
+  uint8_t* const page_flags = smem + Tr::kFlagOffset;
 
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3;  // wq: warp in warpgroup
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
 
   // ---- which rows, heads and keys (as the mma.sync kernel) ---------------------------------------------
   const QTile qt = locate_q_tile<kBM, kRaggedQ>(p);
   if (qt.b < 0) return;  // idle tile (block-uniform: before any barrier)
   const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2, rows_log2 = qt.rows_log2;
-  const int kvh = qt.kvh, qh0 = qt.qh0;
-  const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
 
   int kv_len, kv_key0 = 0, kv_batch = 0;
   if constexpr (kPaged) {
@@ -108,81 +119,99 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     n_end = min(n_end, max(p.mask_len, 0));
     if (p.mask_q_stride != 0 && row0 >= p.mask_q_len) n_end = 0;
   }
-  const int n_tiles = (n_end + kBN - 1) / kBN;
+  const int n_tiles = (n_end + kBN - 1) / kBN;  // block-uniform trip count
 
-  // ---- loads: thread tid copies chunk tid % 16 of rows 8 (tid / 16) .. + 7 (Q rows; K/V keys of a tile) -----
-  const int ld_chunk = tid % Tr::kChunks;
-  const int ld_row0 = (tid / Tr::kChunks) * kGroupRows;
-  const uint4 zero16 = make_uint4(0, 0, 0, 0);
-  auto issue_q = [&]() {
-    const bf16* q = static_cast<const bf16*>(p.q_ptr) + q_off + ld_chunk * 8;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full_bar + s, 2 * 128);              // per producer thread: cp.async landed + flags written
+      mbarrier_init(empty_bar + s, Tr::kConsumers * 128);  // every consumer thread
+    }
+    mbarrier_init(q_bar, 128);
+  }
+  __syncthreads();  // the only block-wide barrier: the producer may finish early
+
+  if (wg == 0) {
+    // ==== producer: Q, then tile j into stage j % 3 once both consumers released tile j - 3 ====================
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (n_tiles == 0) return;
+    const int chunk = tid % Tr::kChunks;
+    const int rg = tid / Tr::kChunks;  // row groups rg (rows 8 rg ..) and 8 + rg (rows 64 + 8 rg ..) of a tile
+    {
+      const int qh0 = qt.qh0;
+      const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
+      const bf16* q = static_cast<const bf16*>(p.q_ptr) + q_off + chunk * 8;
 #pragma unroll
-    for (int r = 0; r < kGroupRows; ++r) {
-      const int m = ld_row0 + r;
-      const int i = row0 + (m >> hb_log2);
-      const int h = qh0 + (m & ((1 << hb_log2) - 1));
-      uint8_t* dst = sQ + sm90_tile_offset(m, ld_chunk, Tr::kHalfQ);
-      if (i < q_len_b) {
-        cp_async16(dst, q + (int64_t(i) * p.q_seq_stride + int64_t(h) * p.q_head_stride));
-      } else {
-        *reinterpret_cast<uint4*>(dst) = zero16;  // rows past the sequence: zeros, never stored
+      for (int r = 0; r < kBM / 8; ++r) {  // packed rows rg + 8 r: rows past the sequence are zeros, never stored
+        const int m = rg + 8 * r;
+        const int i = row0 + (m >> hb_log2);
+        const int h = qh0 + (m & ((1 << hb_log2) - 1));
+        const bool valid = i < q_len_b;
+        cp_async16_zfill(base + sm90_tile_offset(m, chunk, Tr::kHalfQ),
+                         valid ? q + (int64_t(i) * p.q_seq_stride + int64_t(h) * p.q_head_stride) : q, valid);
+      }
+      cp_async_mbarrier_arrive(q_bar);
+    }
+    const bf16* const k_base = static_cast<const bf16*>(p.k_ptr) + (int64_t(qt.kvh) * p.k_head_stride + chunk * 8);
+    const bf16* const v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(qt.kvh) * p.v_head_stride + chunk * 8);
+    int stage = 0;
+    uint32_t phase = 0;  // parity of stage `stage`'s current use
+    for (int j = 0; j < n_tiles; ++j) {
+      if (j >= kStages) mbarrier_wait(empty_bar + stage, phase ^ 1u);
+      const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        const int row = 64 * g + 8 * rg;  // first row of the group within the tile
+        const int t0 = j * kBN + row;     // its first key
+        const bf16* kp;
+        const bf16* vp;
+        bool page_valid = true;
+        if constexpr (kPaged) {
+          int32_t id = -1;
+          if (t0 < kv_len) {
+            id = __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t0 >> p.page_size_log2)));
+          }
+          page_valid = id >= 0 && id < p.num_pages;
+          const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
+          const int64_t pid = page_valid ? id : 0;
+          kp = k_base + (pid * p.k_batch_stride + in_page * p.k_seq_stride);
+          vp = v_base + (pid * p.v_batch_stride + in_page * p.v_seq_stride);
+          // An invalid page (keys before kv_len on a page id out of range): its keys are dropped (and zeroed).
+          if (chunk == 0) page_flags[stage * Tr::kGroups + 8 * g + rg] = uint8_t(!page_valid && t0 < kv_len);
+        } else {
+          const int64_t key = int64_t(kv_key0) + t0;
+          kp = k_base + (key * p.k_seq_stride + int64_t(kv_batch) * p.k_batch_stride);
+          vp = v_base + (key * p.v_seq_stride + int64_t(kv_batch) * p.v_batch_stride);
+        }
+#pragma unroll
+        for (int r = 0; r < Tr::kGroupRows; ++r) {
+          // Keys past kv_len and rows of invalid pages are zeros (V rows must be finite: P = 0 times them is 0).
+          const bool valid = page_valid && t0 + r < kv_len;
+          const uint32_t at = sm90_tile_offset(row + r, chunk, Tr::kHalfKV);
+          cp_async16_zfill(sK + at, valid ? kp : k_base, valid);
+          cp_async16_zfill(sV + at, valid ? vp : v_base, valid);
+          kp += p.k_seq_stride;
+          vp += p.v_seq_stride;
+        }
+      }
+      cp_async_mbarrier_arrive(full_bar + stage);
+      mbarrier_arrive(full_bar + stage);  // releases the page flags (plain stores)
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
       }
     }
-  };
+    cp_async_wait<0>();
+    return;
+  }
 
-  auto page_ok = [&](int32_t id) { return id >= 0 && id < p.num_pages; };
-  // Paged: the page id of this thread's rows of tile j (-1 past kv_len).
-  auto group_page_id = [&](int j) -> int32_t {
-    const int t = j * kBN + ld_row0;
-    if constexpr (kPaged) {
-      return t < kv_len
-                 ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2)))
-                 : -1;
-    } else {
-      return -1;
-    }
-  };
-  // Keys past kv_len and rows of invalid pages are zero-filled (V rows must be finite: P = 0 times them is 0).
-  // An invalid page sets bit (tid / 16) of sBadBits[slot], so that the tile's keys of that group are dropped.
-  auto issue_kv = [&](int j, int stage, int slot, int32_t id) {
-    uint8_t* sK = smem + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes;
-    uint8_t* sV = sK + Tr::kTileBytes;
-    const int t0 = j * kBN + ld_row0;
-    const bf16* kp;
-    const bf16* vp;
-    bool ok = true;
-    if constexpr (kPaged) {
-      ok = page_ok(id);
-      const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
-      const int64_t pid = ok ? id : 0;
-      kp = static_cast<const bf16*>(p.k_ptr) +
-           (pid * p.k_batch_stride + in_page * p.k_seq_stride + int64_t(kvh) * p.k_head_stride + ld_chunk * 8);
-      vp = static_cast<const bf16*>(p.v_ptr) +
-           (pid * p.v_batch_stride + in_page * p.v_seq_stride + int64_t(kvh) * p.v_head_stride + ld_chunk * 8);
-      if (!ok && t0 < kv_len && ld_chunk == 0) atomicOr(sBadBits + slot, 1u << (tid / Tr::kChunks));
-    } else {
-      const int64_t key = kv_key0 + t0;
-      kp = static_cast<const bf16*>(p.k_ptr) + (key * p.k_seq_stride + int64_t(kvh) * p.k_head_stride +
-                                                int64_t(kv_batch) * p.k_batch_stride + ld_chunk * 8);
-      vp = static_cast<const bf16*>(p.v_ptr) + (key * p.v_seq_stride + int64_t(kvh) * p.v_head_stride +
-                                                int64_t(kv_batch) * p.v_batch_stride + ld_chunk * 8);
-    }
-#pragma unroll
-    for (int r = 0; r < kGroupRows; ++r) {
-      const uint32_t at = sm90_tile_offset(ld_row0 + r, ld_chunk, Tr::kHalfKV);
-      if (ok && t0 + r < kv_len) {
-        cp_async16(sK + at, kp);
-        cp_async16(sV + at, vp);
-      } else {
-        *reinterpret_cast<uint4*>(sK + at) = zero16;
-        *reinterpret_cast<uint4*>(sV + at) = zero16;
-      }
-      kp += p.k_seq_stride;
-      vp += p.v_seq_stride;
-    }
-  };
+  // ==== consumers ==========================================================================================
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int c = wg - 1;  // consumer index
+  const int wq = (tid >> 5) & 3;  // warp within the warpgroup
+  const int wg_row0 = c * 64;                                // this consumer's first packed row
+  const int my_row0 = wg_row0 + wq * 16 + (lane >> 2);       // this thread's first packed row (the second: + 8)
+  const int ctid = tid - 128;                                // thread index among the consumers
 
-  // ---- per-thread state: rows 16 wq + g and + 8 of this warpgroup's 64 (g = lane / 4) ----------------------
   float acc_o[64];  // O, unnormalized: acc_o[4 n + e] = O[row g + 8 (e / 2)][8 n + 2 (lane % 4) + e % 2]
   float row_max[2], row_sum[2];
 #pragma unroll
@@ -192,8 +221,6 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     row_max[h] = prefill_neg_inf();
     row_sum[h] = 0.f;
   }
-  const int wg_row0 = wg * 64;                   // this warpgroup's first packed row
-  const int my_row0 = wg_row0 + wq * 16 + (lane >> 2);  // this thread's first packed row (the second: + 8)
 
   auto kv_addr = [&](int stage) { return base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes; };
   // S = Q K^T of the tile in `stage`: one commit group of 8 k-steps.
@@ -280,49 +307,39 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   };
 
   // ---- main loop ------------------------------------------------------------------------------------
-  // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, and computes the softmax of S_j while that P V runs
-  // on the tensor cores; then rescales O and rounds P_j. Tile j + 1 lands meanwhile: three stages (tiles j - 1,
-  // j, j + 1), stage j % 3.
-  // Paged: bit g of sBadBits[j % 3] marks row group g of tile j on an invalid page; set by the copies of tile j
-  // (after the barrier that opens iteration j - 1), read after the barrier of iteration j, cleared by thread 0 in
-  // iteration j - 2, between the last read of that word (tile j - 3) and the first copy that marks it.
-  int32_t next_id = -1;  // paged: this thread's page of tile j + 1
-  if (n_tiles > 0) {
-    if constexpr (kPaged) {
-      if (tid < 3) sBadBits[tid] = 0u;
-      next_id = n_tiles > 1 ? group_page_id(1) : -1;
-      __syncthreads();  // the bits are zero before any copy marks them
-    }
-    issue_q();
-    issue_kv(0, 0, 0, group_page_id(0));
-    cp_async_commit();
-  }
-  int stage = 0, prev_stage = 0;  // j % 3 (the stage and the bad-bits word of tile j), (j - 1) % 3
+  // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, and computes the softmax of S_j while that P V runs;
+  // then rescales O and rounds P_j. The consumers take turns issuing (named barriers 3 + c): consumer 0 first.
+  const int my_turn = 3 + c, their_turn = 4 - c;
+  if (c == 1 && n_tiles > 0) named_barrier_arrive(3, 256);  // consumer 0 goes first
+  if (n_tiles > 0) mbarrier_wait(q_bar, 0);
+  int stage = 0, prev_stage = 0;  // j % 3, (j - 1) % 3
+  uint32_t phase = 0;             // parity of stage `stage`'s current use
   for (int j = 0; j < n_tiles; ++j) {
-    const int next_stage = stage == 2 ? 0 : stage + 1, after_next = next_stage == 2 ? 0 : next_stage + 1;
-    cp_async_wait<0>();        // tile j (and Q) landed for this thread's copies
-    fence_proxy_async_smem();  // ... and is visible to the tensor cores once the barrier publishes it
-    // After the barrier: every copy of tile j is visible, and both warpgroups are done with tile j - 2 (P V of
-    // iteration j - 1 completed), whose stage tile j + 1 now overwrites.
-    __syncthreads();
+    mbarrier_wait(full_bar + stage, phase);
+    fence_proxy_async_smem();  // the copies (generic proxy) before the tensor cores' reads (async proxy)
     uint32_t bad_groups = 0;
     if constexpr (kPaged) {
-      bad_groups = sBadBits[stage];
-      if (tid == 0) sBadBits[after_next] = 0u;
+      const uint4 f = *reinterpret_cast<const uint4*>(page_flags + stage * Tr::kGroups);
+      const uint32_t w[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int g = 0; g < Tr::kGroups; ++g) {
+        bad_groups |= uint32_t(((w[g / 4] >> (8 * (g % 4))) & 0xffu) != 0u) << g;
+      }
     }
-    if (j + 1 < n_tiles) {
-      issue_kv(j + 1, next_stage, next_stage, next_id);
-      if constexpr (kPaged) next_id = j + 2 < n_tiles ? group_page_id(j + 2) : -1;
-    }
-    cp_async_commit();
 
     float s[64];
+    named_barrier_sync(my_turn, 256);
     wgmma_fence();  // pa and acc_o were written since the last wgmma
-    issue_s(s, stage);
+    // Each wait sits in the branch of its issues: ptxas proves the accumulators ready per path (a wait<1> that
+    // a path without P V could reach would make it serialize every wgmma).
     if (j > 0) {
+      issue_s(s, stage);
       issue_pv(prev_stage);
+      named_barrier_arrive(their_turn, 256);
       wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     } else {
+      issue_s(s, stage);
+      named_barrier_arrive(their_turn, 256);
       wgmma_wait<0>();
     }
 #pragma unroll
@@ -334,13 +351,14 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     float alpha[2];
     const bool moved = need_mask ? softmax(std::true_type{}, s, j, bad_groups, alpha)
                                  : softmax(std::false_type{}, s, j, bad_groups, alpha);
-    wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free, and so is tile j - 1
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+    if (j > 0) mbarrier_arrive(empty_bar + prev_stage);
     // Past the first tiles a row max rarely grows: skip the 64 multiplies when no row of the warp moved.
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -352,7 +370,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2_rn(s[4 * n + 2], s[4 * n + 3]);
     }
     prev_stage = stage;
-    stage = next_stage;
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
   }
   if (n_tiles > 0) {
     wgmma_fence();
@@ -364,11 +385,13 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+    // Consumer 1's last arrive on barrier 3 has no matching turn: consumer 0 takes it here, so that no barrier is
+    // left mid-phase when the block exits.
+    if (c == 0) named_barrier_sync(3, 256);
   }
-  (void)next_id;
 
-  // ---- epilogue: O / l to bf16, staged through this warpgroup's own rows of sQ for 16-byte stores -----------
-  // Only this warpgroup's wgmma read those rows, and they completed (wait_group 0); no copy is in flight.
+  // ---- epilogue: O / l to bf16, staged through this consumer's own rows of sQ for 16-byte stores -----------
+  // Only this consumer's wgmma read those rows, and they completed; the producer wrote Q before q_full.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = row_sum[h];
@@ -382,21 +405,20 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       *dst = pack_bf16x2_rn(acc_o[4 * n + 2 * h] * inv, acc_o[4 * n + 2 * h + 1] * inv);
     }
   }
-  // The warpgroup's 128 threads only (named barrier 1 + wg): the other warpgroup may still be in its loop.
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+  named_barrier_sync(1 + c, 128);  // this consumer's 128 threads only
   const QTile ot = locate_q_tile<kBM, kRaggedQ>(p);  // as qt, recomputed
   bf16* out = static_cast<bf16*>(p.out_ptr) +
               (kRaggedQ ? int64_t(ot.seq_lo) * p.out_seq_stride : int64_t(ot.b) * p.out_batch_stride);
-  const int wtid = tid & 127;
+  const int wtid = ctid & 127;
 #pragma unroll
   for (int idx = wtid; idx < 64 * Tr::kChunks; idx += 128) {
     const int m = wg_row0 + idx / Tr::kChunks;
-    const int c = idx % Tr::kChunks;
+    const int ch = idx % Tr::kChunks;
     const int i = ot.row0 + (m >> ot.hb_log2);
     const int h = ot.qh0 + (m & ((1 << ot.hb_log2) - 1));
     if (i < ot.q_len) {
-      *reinterpret_cast<uint4*>(out + (int64_t(i) * p.out_seq_stride + int64_t(h) * p.out_head_stride + c * 8)) =
-          *reinterpret_cast<const uint4*>(sQ + sm90_tile_offset(m, c, Tr::kHalfQ));
+      *reinterpret_cast<uint4*>(out + (int64_t(i) * p.out_seq_stride + int64_t(h) * p.out_head_stride + ch * 8)) =
+          *reinterpret_cast<const uint4*>(sQ + sm90_tile_offset(m, ch, Tr::kHalfQ));
     }
   }
 #else

@@ -15,6 +15,10 @@
 namespace astrai {
 namespace attention {
 
+__device__ __forceinline__ uint32_t smem_addr_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // Descriptor of a 128-byte-swizzled shared-memory operand (PTX ISA, "matrix descriptor"): start address,
 // leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B) in bits 62-63. The tile's 1024-byte
 // swizzle atoms must start 1024-byte aligned (base offset 0). In the 128-byte canonical layouts:
@@ -106,6 +110,69 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const 
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)));
+#endif
+}
+
+
+// ---- warp specialization: mbarriers, named barriers, register reallocation, cp.async into an mbarrier ------
+
+// Initializes an mbarrier (8 bytes of shared memory, 8-byte aligned) expecting `count` arrivals per phase.
+// Publish with a block barrier before any other thread uses it.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+#if ASTRAI_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr_u32(bar)), "r"(count) : "memory");
+#endif
+}
+// One arrival (release: this thread's earlier shared-memory writes are visible to a thread that waits the phase).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+#if ASTRAI_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr_u32(bar)) : "memory");
+#endif
+}
+// One arrival once every cp.async this thread issued before it has landed (noinc: counted in the init count).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+#if ASTRAI_WGMMA
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr_u32(bar)) : "memory");
+#endif
+}
+// Waits (acquire) until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if ASTRAI_WGMMA
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr_u32(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// Named barriers (ids 1..15; 0 is __syncthreads): sync waits for `count` arrivals including this warp's, arrive
+// counts this warp without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Register reallocation between warpgroups (the kernel needs a register cap at entry: __launch_bounds__(n, 1)).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if ASTRAI_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if ASTRAI_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+// 16-byte cp.async that writes zeros without reading src when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+#if ASTRAI_WGMMA
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 #endif
 }
 
