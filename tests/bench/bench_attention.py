@@ -10,7 +10,9 @@ outside the timed region).
   once (2 * B * L * Hkv * D * 2), the floor every decode must move; q and out are negligible.
 - Prefill (compute-bound, self-attention Lq = L): one input set. FLOPs counted: 4 * B * Hq * D * kept pairs
   (two matmuls of 2 FLOPs per multiply-add; kept pairs L^2, or L (L + 1) / 2 causal). Reported: TFLOP/s,
-  the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time.
+  the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time. At
+  head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel (ASTRAI_PREFILL_SM90=0),
+  beside the sm_90a kernel that takes it on an H100/H200 by default.
 
     python tests/bench/bench_attention.py --json attention.json          # from the repository root, on a GPU
     python tests/bench/bench_attention.py --only decode --shapes 1x4096 1x32768 16x4096 --replays 50
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -196,10 +199,25 @@ def prefill_flops(batch: int, length: int, heads_q: int, head_dim: int, causal: 
     return 4 * batch * heads_q * head_dim * pairs
 
 
+def _prefill_kernel_knob(value: str, step):
+    """`step` with ASTRAI_PREFILL_SM90 set to `value` while it launches (captured graphs keep that kernel)."""
+    def run(s):
+        before = os.environ.get("ASTRAI_PREFILL_SM90")
+        os.environ["ASTRAI_PREFILL_SM90"] = value
+        try:
+            return step(s)
+        finally:
+            if before is None:
+                del os.environ["ASTRAI_PREFILL_SM90"]
+            else:
+                os.environ["ASTRAI_PREFILL_SM90"] = before
+    return run
+
+
 def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32, heads_kv: int = 8,
                     head_dim: int = 128, replays: int = 10, target_ms: float = 2.0) -> list[dict]:
-    """Rows for one (B, L, causal): the contiguous and paged (page 16) prefill kernels, with the flash and
-    cuDNN SDPA anchors. Each graph holds enough calls for about `target_ms` at 300 TFLOP/s (at least one)."""
+    """Rows for one (B, L, causal): the contiguous and paged (page 16) prefill kernels (and, at head_dim 128, the
+    contiguous call on the mma.sync kernel: ASTRAI_PREFILL_SM90=0), with the flash and cuDNN SDPA anchors. Each graph holds enough calls for about `target_ms` at 300 TFLOP/s (at least one)."""
     from torch.nn.attention import SDPBackend
 
     ops.load()
@@ -211,6 +229,8 @@ def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32,
         "paged16": lambda s: ops.attn_paged_prefill(s["q"], s["k_cache"], s["v_cache"], s["page_table"],
                                                     s["kv_lens"], is_causal=causal),
     }
+    if head_dim == 128:  # the mma.sync kernel too, where an sm_90a one may take the call
+        steps["contig-mma"] = _prefill_kernel_knob("0", steps["contiguous"])
     _check_prefill(s, causal, steps)
     anchors = {}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):

@@ -43,8 +43,8 @@ struct PrefillSm90Traits {
   static constexpr uint32_t kHalfKV = kBN * 128;       // bytes of one half of a K or V tile
   static constexpr uint32_t kQBytes = 2 * kHalfQ;
   static constexpr uint32_t kTileBytes = 2 * kHalfKV;  // one K or V tile
-  static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kTileBytes;  // mbarriers: full[3], empty[3], q
-  static constexpr uint32_t kFlagOffset = kBarOffset + 64;  // page flags: [stage][group] bytes, 16-byte aligned
+  static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kTileBytes;  // mbarriers: K, V full / empty, Q
+  static constexpr uint32_t kFlagOffset = kBarOffset + 128;  // page flags: [stage][group] bytes, 16-byte aligned
   static constexpr int kSmemBytes = int(kFlagOffset) + kStages * kGroups + 1024;  // + alignment slack
   static_assert(kBN == kBM && 128 / kChunks * 2 * kGroupRows == kBN, "a producer thread copies two row groups");
 };
@@ -69,9 +69,9 @@ __device__ __forceinline__ float tree_reduce16(const float (&t)[16], Op op) {
 // grid, Q tiles and semantics: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh), with kThreads threads and
 // kSmemBytes of dynamic shared memory. Warpgroup 0 copies; consumer c (warpgroup 1 + c) computes packed rows
 // 64 c .. 64 c + 63. kPaged: pages of >= kGroupRows keys only, so each 8-row group of a tile lies on one page.
-// Synchronization: full[s] completes when tile j (s = j % 3) has landed (each producer thread arrives once for its
-// cp.async and once for its page flags), empty[s] when both consumers are done with it (every consumer thread
-// arrives after the tile's P V completed); q_full when Q has landed. Named barriers 3 and 4 pass the tensor cores
+// Synchronization, per ring (K, V) and stage s = j % 3: full[s] completes when tile j has landed (each producer thread
+// arrives for its cp.async, and for K once more for its page flags), empty[s] when both consumers are done with it
+// (every consumer thread arrives: K after S_j, V after P_j V_j); q_bar when Q has landed. Named barriers 3 and 4 pass the tensor cores
 // between the consumers; 1 and 2 order each consumer's epilogue.
 template <bool kRaggedQ, bool kPaged>
 __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
@@ -87,9 +87,11 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* const smem = smem_raw + (base - raw_addr);
   uint8_t* const sQ = smem;
-  uint64_t* const full_bar = reinterpret_cast<uint64_t*>(smem + Tr::kBarOffset);
-  uint64_t* const empty_bar = full_bar + kStages;
-  uint64_t* const q_bar = empty_bar + kStages;
+  uint64_t* const k_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarOffset);
+  uint64_t* const k_empty = k_full + kStages;
+  uint64_t* const v_full = k_empty + kStages;
+  uint64_t* const v_empty = v_full + kStages;
+  uint64_t* const q_bar = v_empty + kStages;
   uint8_t* const page_flags = smem + Tr::kFlagOffset;
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
@@ -123,8 +125,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(full_bar + s, 2 * 128);              // per producer thread: cp.async landed + flags written
-      mbarrier_init(empty_bar + s, Tr::kConsumers * 128);  // every consumer thread
+      mbarrier_init(k_full + s, 2 * 128);  // per producer thread: its copies landed, and its page flags written
+      mbarrier_init(v_full + s, 128);      // per producer thread: its copies landed
+      mbarrier_init(k_empty + s, Tr::kConsumers * 128);  // every consumer thread
+      mbarrier_init(v_empty + s, Tr::kConsumers * 128);
     }
     mbarrier_init(q_bar, 128);
   }
@@ -153,48 +157,69 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     }
     const bf16* const k_base = static_cast<const bf16*>(p.k_ptr) + (int64_t(qt.kvh) * p.k_head_stride + chunk * 8);
     const bf16* const v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(qt.kvh) * p.v_head_stride + chunk * 8);
-    int stage = 0;
-    uint32_t phase = 0;  // parity of stage `stage`'s current use
-    for (int j = 0; j < n_tiles; ++j) {
-      if (j >= kStages) mbarrier_wait(empty_bar + stage, phase ^ 1u);
-      const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
+    // One K or V tile (j) into `dst`: groups of 8 rows, each from one page id; keys past kv_len and rows of invalid
+    // pages are zeros (V rows must be finite: P = 0 times them is 0). K's copy also writes the page flags.
+    // Paged: the page id of this thread's group g of tile j (-1 past kv_len), read once for K and V.
+    auto group_page_id = [&](int j, int g) -> int32_t {
+      const int t0 = j * kBN + 64 * g + 8 * rg;
+      return t0 < kv_len
+                 ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t0 >> p.page_size_log2)))
+                 : -1;
+    };
+    auto copy_tile = [&](int j, const int32_t (&ids)[2], uint32_t dst, const bf16* src_base, int64_t batch_stride,
+                         int64_t seq_stride, uint8_t* flags) {
 #pragma unroll
       for (int g = 0; g < 2; ++g) {
         const int row = 64 * g + 8 * rg;  // first row of the group within the tile
         const int t0 = j * kBN + row;     // its first key
-        const bf16* kp;
-        const bf16* vp;
+        const bf16* src;
         bool page_valid = true;
         if constexpr (kPaged) {
-          int32_t id = -1;
-          if (t0 < kv_len) {
-            id = __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t0 >> p.page_size_log2)));
-          }
+          const int32_t id = ids[g];
           page_valid = id >= 0 && id < p.num_pages;
           const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
-          const int64_t pid = page_valid ? id : 0;
-          kp = k_base + (pid * p.k_batch_stride + in_page * p.k_seq_stride);
-          vp = v_base + (pid * p.v_batch_stride + in_page * p.v_seq_stride);
+          src = src_base + (int64_t(page_valid ? id : 0) * batch_stride + in_page * seq_stride);
           // An invalid page (keys before kv_len on a page id out of range): its keys are dropped (and zeroed).
-          if (chunk == 0) page_flags[stage * Tr::kGroups + 8 * g + rg] = uint8_t(!page_valid && t0 < kv_len);
+          if (flags != nullptr && chunk == 0) flags[8 * g + rg] = uint8_t(!page_valid && t0 < kv_len);
         } else {
-          const int64_t key = int64_t(kv_key0) + t0;
-          kp = k_base + (key * p.k_seq_stride + int64_t(kv_batch) * p.k_batch_stride);
-          vp = v_base + (key * p.v_seq_stride + int64_t(kv_batch) * p.v_batch_stride);
+          src = src_base + ((int64_t(kv_key0) + t0) * seq_stride + int64_t(kv_batch) * batch_stride);
         }
+        const uint32_t at = dst + sm90_tile_offset(row, chunk, Tr::kHalfKV);  // row % 8 == 0
+        if (page_valid && t0 + Tr::kGroupRows <= kv_len) {
 #pragma unroll
-        for (int r = 0; r < Tr::kGroupRows; ++r) {
-          // Keys past kv_len and rows of invalid pages are zeros (V rows must be finite: P = 0 times them is 0).
-          const bool valid = page_valid && t0 + r < kv_len;
-          const uint32_t at = sm90_tile_offset(row + r, chunk, Tr::kHalfKV);
-          cp_async16_zfill(sK + at, valid ? kp : k_base, valid);
-          cp_async16_zfill(sV + at, valid ? vp : v_base, valid);
-          kp += p.k_seq_stride;
-          vp += p.v_seq_stride;
+          for (int r = 0; r < Tr::kGroupRows; ++r) {
+            cp_async16_zfill(at + r * 128 + ((((chunk & 7) ^ r) - (chunk & 7)) << 4), src, true);
+            src += seq_stride;
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < Tr::kGroupRows; ++r) {
+            const bool valid = page_valid && t0 + r < kv_len;
+            cp_async16_zfill(at + r * 128 + ((((chunk & 7) ^ r) - (chunk & 7)) << 4), valid ? src : src_base, valid);
+            src += seq_stride;
+          }
         }
       }
-      cp_async_mbarrier_arrive(full_bar + stage);
-      mbarrier_arrive(full_bar + stage);  // releases the page flags (plain stores)
+    };
+    // K and V run in separate rings: K_j's stage frees as soon as both consumers' S_j is done, a tile earlier than
+    // V_j's (freed after P V), which gives the copies of K a longer lead.
+    int stage = 0;
+    uint32_t phase = 0;  // parity of stage `stage`'s current use
+    for (int j = 0; j < n_tiles; ++j) {
+      const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
+      int32_t ids[2] = {-1, -1};
+      if constexpr (kPaged) {
+        ids[0] = group_page_id(j, 0);
+        ids[1] = group_page_id(j, 1);
+      }
+      if (j >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
+      copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride,
+                kPaged ? page_flags + stage * Tr::kGroups : nullptr);
+      cp_async_mbarrier_arrive(k_full + stage);
+      mbarrier_arrive(k_full + stage);  // releases the page flags (plain stores)
+      if (j >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
+      copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
+      cp_async_mbarrier_arrive(v_full + stage);
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1u;
@@ -312,10 +337,11 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   const int my_turn = 3 + c, their_turn = 4 - c;
   if (c == 1 && n_tiles > 0) named_barrier_arrive(3, 256);  // consumer 0 goes first
   if (n_tiles > 0) mbarrier_wait(q_bar, 0);
-  int stage = 0, prev_stage = 0;  // j % 3, (j - 1) % 3
-  uint32_t phase = 0;             // parity of stage `stage`'s current use
+  int stage = 0, prev_stage = 0;         // j % 3, (j - 1) % 3
+  uint32_t phase = 0, prev_phase = 0;     // parity of the current use of stage, of prev_stage
   for (int j = 0; j < n_tiles; ++j) {
-    mbarrier_wait(full_bar + stage, phase);
+    mbarrier_wait(k_full + stage, phase);
+    if (j > 0) mbarrier_wait(v_full + prev_stage, prev_phase);
     fence_proxy_async_smem();  // the copies (generic proxy) before the tensor cores' reads (async proxy)
     uint32_t bad_groups = 0;
     if constexpr (kPaged) {
@@ -342,6 +368,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       named_barrier_arrive(their_turn, 256);
       wgmma_wait<0>();
     }
+    mbarrier_arrive(k_empty + stage);  // K_j read
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
 
@@ -358,7 +385,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
-    if (j > 0) mbarrier_arrive(empty_bar + prev_stage);
+    if (j > 0) mbarrier_arrive(v_empty + prev_stage);  // V_{j-1} read
     // Past the first tiles a row max rarely grows: skip the 64 multiplies when no row of the warp moved.
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -370,12 +397,15 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2_rn(s[4 * n + 2], s[4 * n + 3]);
     }
     prev_stage = stage;
+    prev_phase = phase;
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
     }
   }
   if (n_tiles > 0) {
+    mbarrier_wait(v_full + prev_stage, prev_phase);
+    fence_proxy_async_smem();
     wgmma_fence();
     issue_pv(prev_stage);
     wgmma_wait<0>();

@@ -17,8 +17,13 @@ Bitwise promises, each tested with a negative control:
   come from the kernel walking the same key tiles in the same order whatever the addressing. The exception:
   at head_dim 128 with pages smaller than 8 keys, the paged kernel copies rows through per-row offsets and
   takes 32-key softmax steps where the contiguous one takes 64 (each the faster on the H200,
-  csrc/kernels/attention/prefill_schedule.h), so there the two agree only within the accuracy bound (each is
-  checked against the float64 truth).
+  csrc/kernels/attention/prefill_schedule.h), and on an sm_90 GPU the sm_90a wgmma kernel takes the contiguous
+  call but not those pages, so there the two agree only within the accuracy bound (each is checked against the
+  float64 truth).
+
+Kernel choice: at head_dim 128 on a compute capability 9.0 GPU served by SASS, the sm_90a wgmma kernel runs
+unless ASTRAI_PREFILL_SM90=0; test_prefill_kernel_knob checks both kernels against the truth and that the knob
+switches kernels exactly where it should (different bits there, equal bits elsewhere).
 """
 
 from __future__ import annotations
@@ -461,6 +466,47 @@ def test_unchecked_bad_indptr_never_faults(qo, kv):
     good = ragged_inputs(q_lens, kv_lens, (8, 2), 128)
     out = ops.attn_prefill_ragged(*good[:5], is_causal=True)
     check_ragged(out, good[0], good[5], good[6], q_lens, is_causal=True, what="after garbage indptr")
+
+
+def sm90_prefill_kernel_applies() -> bool:
+    """Whether this session's image serves the sm_90a prefill kernel here (an sm_90 GPU served by SASS)."""
+    from astrai.extension import loader
+    desc = loader.describe()
+    chosen, devices = desc.get("chosen") or {}, desc.get("devices") or [{}]
+    return str(devices[0].get("capability")) == "9.0" and chosen.get("serves") == "sass"
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_prefill_kernel_knob(monkeypatch, paged, causal):
+    """ASTRAI_PREFILL_SM90=0 keeps the mma.sync kernel at head_dim 128: both kernels match the truth, and their
+    bits differ exactly where the sm_90a kernel applies (the knob's negative control); head_dim 64 ignores it."""
+    q = rand_bf16(3, 150, 32, 128)
+    k, v = rand_bf16(3, 400, 8, 128), rand_bf16(3, 400, 8, 128)
+    lens = i32([400, 150, 37])
+    k_cache, v_cache, table = make_paged(k, v, 16)
+
+    def run():
+        if paged:
+            return ops.attn_paged_prefill(q, k_cache, v_cache, table, lens, is_causal=causal)
+        return ops.attn_prefill(q, k, v, lens, is_causal=causal)
+
+    default = run()
+    monkeypatch.setenv("ASTRAI_PREFILL_SM90", "0")
+    mma = run()
+    monkeypatch.setenv("ASTRAI_PREFILL_SM90", "1")
+    assert_bitwise_equal(run(), default, "ASTRAI_PREFILL_SM90=1 vs unset")
+    for out, what in ((default, "default kernel"), (mma, "mma.sync kernel")):
+        check_dense(out, q, k, v, kv_lens=lens, is_causal=causal, what=what)
+    if sm90_prefill_kernel_applies():
+        assert not torch.equal(default, mma), "ASTRAI_PREFILL_SM90=0 did not change the kernel on an sm_90 GPU"
+    else:
+        assert_bitwise_equal(default, mma, "the knob changed a GPU without the sm_90a kernel")
+    q64, k64, v64 = rand_bf16(2, 70, 8, 64), rand_bf16(2, 90, 2, 64), rand_bf16(2, 90, 2, 64)
+    monkeypatch.setenv("ASTRAI_PREFILL_SM90", "0")
+    off = ops.attn_prefill(q64, k64, v64, is_causal=causal)
+    monkeypatch.delenv("ASTRAI_PREFILL_SM90")
+    assert_bitwise_equal(ops.attn_prefill(q64, k64, v64, is_causal=causal), off, "head_dim 64 ignores the knob")
 
 
 # --- bitwise suites -------------------------------------------------------------------------------------------
