@@ -205,12 +205,20 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     // V_j's (freed after P V), which gives the copies of K a longer lead.
     int stage = 0;
     uint32_t phase = 0;  // parity of stage `stage`'s current use
+    // Paged: the page ids of tile j, read a tile ahead (their latency would otherwise delay every tile's copies).
+    int32_t ids[2] = {-1, -1};
+    if constexpr (kPaged) {
+      ids[0] = group_page_id(0, 0);
+      ids[1] = group_page_id(0, 1);
+    }
     for (int j = 0; j < n_tiles; ++j) {
       const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
-      int32_t ids[2] = {-1, -1};
+      int32_t next_ids[2] = {-1, -1};
       if constexpr (kPaged) {
-        ids[0] = group_page_id(j, 0);
-        ids[1] = group_page_id(j, 1);
+        if (j + 1 < n_tiles) {
+          next_ids[0] = group_page_id(j + 1, 0);
+          next_ids[1] = group_page_id(j + 1, 1);
+        }
       }
       if (j >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
       copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride,
@@ -220,6 +228,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       if (j >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
       copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
       cp_async_mbarrier_arrive(v_full + stage);
+      ids[0] = next_ids[0];
+      ids[1] = next_ids[1];
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1u;
