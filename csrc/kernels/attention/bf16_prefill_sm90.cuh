@@ -55,6 +55,12 @@ __device__ __forceinline__ uint32_t sm90_tile_offset(int r, int c, uint32_t half
   return uint32_t(c >> 3) * half_bytes + uint32_t(r) * 128u + (uint32_t((c & 7) ^ (r & 7)) << 4);
 }
 
+// Byte g (a compile-time index after unrolling) of 16 page-flag bytes.
+__device__ __forceinline__ uint32_t page_flag(const uint4& f, int g) {
+  const uint32_t w = g < 4 ? f.x : g < 8 ? f.y : g < 12 ? f.z : f.w;
+  return (w >> (8 * (g % 4))) & 0xffu;
+}
+
 // op(t[0], ..., t[15]) as a balanced tree (4 levels of independent operations instead of a chain of 15).
 template <typename Op>
 __device__ __forceinline__ float tree_reduce16(const float (&t)[16], Op op) {
@@ -284,7 +290,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
 
   // Scores of tile j to exp2 weights in place (scale, mask when kMask, online max), the running sums updated;
   // alpha: the factor O must take before this tile's P V. Returns whether some row max of this thread grew.
-  auto softmax = [&](auto mask_tag, float (&s)[64], int j, uint32_t bad_groups, float (&alpha)[2]) -> bool {
+  auto softmax = [&](auto mask_tag, float (&s)[64], int j, const uint4& page_bad, float (&alpha)[2]) -> bool {
     constexpr bool kMask = decltype(mask_tag)::value;
 #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] *= p.scale_log2;
@@ -308,12 +314,12 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
             const int col = n * 8 + 2 * (lane & 3) + e;
             bool keep = col < lim;
             if (has_mask) keep = keep && mrow[col] != 0;
-            if constexpr (kPaged) keep = keep && !((bad_groups >> (col / kGroupRows)) & 1u);
+            if constexpr (kPaged) keep = keep && page_flag(page_bad, col / kGroupRows) == 0u;
             if (!keep) s[4 * n + 2 * h + e] = prefill_neg_inf();
           }
       }
     }
-    (void)bad_groups;
+    (void)page_bad;
     // Reductions as trees: with two warps per scheduler, serial chains of 32 dependent max / add would leave the
     // issue slots idle for their latency.
     bool moved = false;
@@ -353,15 +359,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     mbarrier_wait(k_full + stage, phase);
     if (j > 0) mbarrier_wait(v_full + prev_stage, prev_phase);
     fence_proxy_async_smem();  // the copies (generic proxy) before the tensor cores' reads (async proxy)
-    uint32_t bad_groups = 0;
-    if constexpr (kPaged) {
-      const uint4 f = *reinterpret_cast<const uint4*>(page_flags + stage * Tr::kGroups);
-      const uint32_t w[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-      for (int g = 0; g < Tr::kGroups; ++g) {
-        bad_groups |= uint32_t(((w[g / 4] >> (8 * (g % 4))) & 0xffu) != 0u) << g;
-      }
-    }
+    // Paged: byte g of page_bad is nonzero when row group g of the tile lies on an invalid page.
+    uint4 page_bad = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kPaged) page_bad = *reinterpret_cast<const uint4*>(page_flags + stage * Tr::kGroups);
+    const bool any_bad = (page_bad.x | page_bad.y | page_bad.z | page_bad.w) != 0u;
 
     float s[64];
     named_barrier_sync(my_turn, 256);
@@ -384,10 +385,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
 
     const int n0 = j * kBN;
     const bool need_mask =
-        has_mask || bad_groups != 0u || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
+        has_mask || any_bad || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
     float alpha[2];
-    const bool moved = need_mask ? softmax(std::true_type{}, s, j, bad_groups, alpha)
-                                 : softmax(std::false_type{}, s, j, bad_groups, alpha);
+    const bool moved = need_mask ? softmax(std::true_type{}, s, j, page_bad, alpha)
+                                 : softmax(std::false_type{}, s, j, page_bad, alpha);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free, and so is tile j - 1
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
