@@ -890,8 +890,9 @@ __global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, int64_t n, 
 // contiguous one bitwise ("bitwise" column, on the paged row).
 int run_bench(const cudaDeviceProp& prop) {
   const char* knob = std::getenv("ASTRAI_PREFILL_SM90");
-  std::printf("bench: %s, GQA 32/8, D=128, dense Q, CUDA events, median of repeats after warm-up; ASTRAI_PREFILL_SM90=%s"
-              " (unset or 1: the sm_90a kernel where it applies, 0: mma.sync)\n", prop.name, knob ? knob : "unset");
+  std::printf("bench: %s, GQA 32/8, D=128, dense Q, CUDA events, median of repeats after warm-up\n", prop.name);
+  std::printf("ASTRAI_PREFILL_SM90=%s (unset or 1: the sm_90a kernel where it applies; 0: mma.sync)\n",
+              knob ? knob : "unset");
   std::printf("%-3s %-6s %-7s %-11s %12s %10s %8s\n", "B", "L", "causal", "kv", "us", "TFLOP/s", "bitwise");
   const int Hq = 32, Hkv = 8, D = 128, ps = 16;
   int status = 0;

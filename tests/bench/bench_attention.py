@@ -217,7 +217,8 @@ def _prefill_kernel_knob(value: str, step):
 def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32, heads_kv: int = 8,
                     head_dim: int = 128, replays: int = 10, target_ms: float = 2.0) -> list[dict]:
     """Rows for one (B, L, causal): the contiguous and paged (page 16) prefill kernels (and, at head_dim 128, the
-    contiguous call on the mma.sync kernel: ASTRAI_PREFILL_SM90=0), with the flash and cuDNN SDPA anchors. Each graph holds enough calls for about `target_ms` at 300 TFLOP/s (at least one)."""
+    contiguous call on the mma.sync kernel: ASTRAI_PREFILL_SM90=0), with the flash and cuDNN SDPA anchors. Each
+    graph holds enough calls for about `target_ms` at 300 TFLOP/s (at least one)."""
     from torch.nn.attention import SDPBackend
 
     ops.load()

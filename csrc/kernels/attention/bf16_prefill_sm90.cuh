@@ -75,10 +75,10 @@ __device__ __forceinline__ float tree_reduce16(const float (&t)[16], Op op) {
 // grid, Q tiles and semantics: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh), with kThreads threads and
 // kSmemBytes of dynamic shared memory. Warpgroup 0 copies; consumer c (warpgroup 1 + c) computes packed rows
 // 64 c .. 64 c + 63. kPaged: pages of >= kGroupRows keys only, so each 8-row group of a tile lies on one page.
-// Synchronization, per ring (K, V) and stage s = j % 3: full[s] completes when tile j has landed (each producer thread
-// arrives for its cp.async, and for K once more for its page flags), empty[s] when both consumers are done with it
-// (every consumer thread arrives: K after S_j, V after P_j V_j); q_bar when Q has landed. Named barriers 3 and 4 pass the tensor cores
-// between the consumers; 1 and 2 order each consumer's epilogue.
+// Synchronization, per ring (K, V) and stage s = j % 3: full[s] completes when tile j has landed (each producer
+// thread arrives for its cp.async, and for K once more for its page flags), empty[s] when both consumers are done
+// with it (every consumer thread arrives: K after S_j, V after P_j V_j); q_bar when Q has landed. Named barriers 3
+// and 4 pass the tensor cores between the consumers; 1 and 2 order each consumer's epilogue.
 template <bool kRaggedQ, bool kPaged>
 __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     prefill_bf16_sm90_kernel(const __grid_constant__ PrefillParams p) {
@@ -163,8 +163,6 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     }
     const bf16* const k_base = static_cast<const bf16*>(p.k_ptr) + (int64_t(qt.kvh) * p.k_head_stride + chunk * 8);
     const bf16* const v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(qt.kvh) * p.v_head_stride + chunk * 8);
-    // One K or V tile (j) into `dst`: groups of 8 rows, each from one page id; keys past kv_len and rows of invalid
-    // pages are zeros (V rows must be finite: P = 0 times them is 0). K's copy also writes the page flags.
     // Paged: the page id of this thread's group g of tile j (-1 past kv_len), read once for K and V.
     auto group_page_id = [&](int j, int g) -> int32_t {
       const int t0 = j * kBN + 64 * g + 8 * rg;
@@ -172,6 +170,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
                  ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t0 >> p.page_size_log2)))
                  : -1;
     };
+    // One K or V tile (j) into `dst`: groups of 8 rows, each from one page id; keys past kv_len and rows of invalid
+    // pages are zeros (V rows must be finite: P = 0 times them is 0). K's copy also writes the page flags.
     auto copy_tile = [&](int j, const int32_t (&ids)[2], uint32_t dst, const bf16* src_base, int64_t batch_stride,
                          int64_t seq_stride, uint8_t* flags) {
 #pragma unroll
@@ -190,18 +190,20 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         } else {
           src = src_base + ((int64_t(kv_key0) + t0) * seq_stride + int64_t(kv_batch) * batch_stride);
         }
-        const uint32_t at = dst + sm90_tile_offset(row, chunk, Tr::kHalfKV);  // row % 8 == 0
+        // Row row + r sits at at0 + 128 r, its chunk at (chunk % 8) ^ r (row % 8 == 0: sm90_tile_offset).
+        const uint32_t at0 = dst + uint32_t(chunk >> 3) * Tr::kHalfKV + uint32_t(row) * 128u;
         if (page_valid && t0 + Tr::kGroupRows <= kv_len) {
 #pragma unroll
           for (int r = 0; r < Tr::kGroupRows; ++r) {
-            cp_async16_zfill(at + r * 128 + ((((chunk & 7) ^ r) - (chunk & 7)) << 4), src, true);
+            cp_async16_zfill(at0 + uint32_t(r) * 128u + (uint32_t((chunk & 7) ^ r) << 4), src, true);
             src += seq_stride;
           }
         } else {
 #pragma unroll
           for (int r = 0; r < Tr::kGroupRows; ++r) {
             const bool valid = page_valid && t0 + r < kv_len;
-            cp_async16_zfill(at + r * 128 + ((((chunk & 7) ^ r) - (chunk & 7)) << 4), valid ? src : src_base, valid);
+            cp_async16_zfill(at0 + uint32_t(r) * 128u + (uint32_t((chunk & 7) ^ r) << 4), valid ? src : src_base,
+                             valid);
             src += seq_stride;
           }
         }

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/attention/mma_bf16_sm80.cuh"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ASTRAI_WGMMA 1
 #else
@@ -14,10 +16,6 @@
 
 namespace astrai {
 namespace attention {
-
-__device__ __forceinline__ uint32_t smem_addr_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Descriptor of a 128-byte-swizzled shared-memory operand (PTX ISA, "matrix descriptor"): start address,
 // leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B) in bits 62-63. The tile's 1024-byte
@@ -120,19 +118,19 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const 
 // Publish with a block barrier before any other thread uses it.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
 #if ASTRAI_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr_u32(bar)), "r"(count) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 #endif
 }
 // One arrival (release: this thread's earlier shared-memory writes are visible to a thread that waits the phase).
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 #if ASTRAI_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr_u32(bar)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 #endif
 }
 // One arrival once every cp.async this thread issued before it has landed (noinc: counted in the init count).
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
 #if ASTRAI_WGMMA
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr_u32(bar)) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 #endif
 }
 // Waits (acquire) until the phase of parity `parity` has completed.
@@ -142,7 +140,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr_u32(bar)),
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
 #endif
