@@ -290,6 +290,16 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     wgmma_commit();
   };
 
+  // After a wait that completes P V: O and pa stay in their registers until here (see wgmma_fence_operand).
+  auto fence_pv_operands = [&]() {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+  };
+
   // Scores of tile j to exp2 weights in place (scale, mask when kMask, online max), the running sums updated;
   // alpha: the factor O must take before this tile's P V. Returns whether some row max of this thread grew.
   auto softmax = [&](auto mask_tag, float (&s)[64], int j, const uint4& page_bad, float (&alpha)[2]) -> bool {
@@ -392,12 +402,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     const bool moved = need_mask ? softmax(std::true_type{}, s, j, page_bad, alpha)
                                  : softmax(std::false_type{}, s, j, page_bad, alpha);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free, and so is tile j - 1
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+    fence_pv_operands();
     if (j > 0) mbarrier_arrive(v_empty + prev_stage);  // V_{j-1} read
     // Past the first tiles a row max rarely grows: skip the 64 multiplies when no row of the warp moved.
     if (__any_sync(0xffffffffu, moved)) {
@@ -422,12 +427,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     wgmma_fence();
     issue_pv(prev_stage);
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc_o[i]);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
+    fence_pv_operands();
     // Consumer 1's last arrive on barrier 3 has no matching turn: consumer 0 takes it here, so that no barrier is
     // left mid-phase when the block exits.
     if (c == 0) named_barrier_sync(3, 256);
