@@ -1,5 +1,6 @@
 // sm_90a prefill launcher (head_dim 128, wgmma): when it applies, and the launch. Compiled for every arch of the
 // image like the rest of the family; only the sm_90a pass has a kernel body (bf16_prefill_sm90.cuh).
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,25 +13,31 @@ namespace attention {
 
 namespace {
 
-// Whether the current device runs this image's sm_90a code: compute capability 9.0 and the kernel's code built
-// from compute_90a PTX (not JIT-compiled from an older PTX, as under the ptx80 / ptx89 images, whose bodies are
-// empty). Cached per device (the answer cannot change within a process; concurrent first calls agree).
+// Whether the current device runs this image's sm_90a code: compute capability 9.0, the kernel's code built from
+// compute_90a PTX (not JIT-compiled from an older PTX, as under the ptx80 / ptx89 images, whose bodies are empty)
+// and room for its shared memory. Cached per device (the answer cannot change within a process; concurrent first
+// calls compute the same answer).
 bool device_runs_sm90a() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   constexpr int kMaxDevices = 64;
-  static signed char cached[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
-  if (device >= 0 && device < kMaxDevices && cached[device] != 0) return cached[device] > 0;
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known != 0) return known > 0;
+  }
   bool yes = false;
-  int major = 0, minor = 0;
+  int major = 0, minor = 0, smem_optin = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
-      minor == 0) {
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+      major == 9 && minor == 0 && smem_optin >= PrefillSm90Traits::kSmemBytes) {
     cudaFuncAttributes attr{};
     yes = cudaFuncGetAttributes(&attr, prefill_bf16_sm90_kernel<false, false>) == cudaSuccess &&
           attr.ptxVersion == 90 && attr.binaryVersion == 90;
   }
-  if (device >= 0 && device < kMaxDevices) cached[device] = yes ? 1 : -1;
+  if (cacheable) cached[device].store(yes ? 1 : -1, std::memory_order_relaxed);
   return yes;
 }
 
