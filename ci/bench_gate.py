@@ -40,6 +40,18 @@ UNVERSIONED = ("", "unknown", "unversioned")
 EXIT_NO_BASELINE = 3
 
 
+def portable_source(source: str | None) -> str | None:
+    """A run's file as a committed baseline names it: relative to the repository, else the bare file name (never a
+    path of the machine that recorded it)."""
+    if not source:
+        return source
+    path = Path(source)
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
 def gpu_slug(name: str) -> str:
     """'NVIDIA H200' -> 'h200', 'NVIDIA GeForce RTX 4090' -> 'geforce-rtx-4090'."""
     name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.I)
@@ -210,7 +222,7 @@ def update_baseline(run: dict, directory: Path, note: str, only: list[str] | Non
                 entry["threshold"] = old_cases[case]["threshold"]
             out_cases[case] = entry
         data = {"gpu": run["gpu"], "date": run.get("date"), "commit": run.get("commit"),
-                "commit_source": run.get("commit_source"), "source": run.get("source"), "note": note,
+                "commit_source": run.get("commit_source"), "source": portable_source(run.get("source")), "note": note,
                 "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "cases": out_cases}
         path.write_text(json.dumps(data, indent=2) + "\n")
