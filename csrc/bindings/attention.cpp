@@ -465,14 +465,14 @@ Tensor prefill(const char* op, const char* kernel, const PrefillArgs& a) {
   // allocation under graph capture.
   const PrefillPlan plan = attn_prefill_plan(p);
   p.num_q_tiles = plan.num_q_tiles;
-  std::optional<Tensor> workspace;
-  if (plan.workspace_bytes > 0) {
-    const int64_t words = std::max<int64_t>((plan.workspace_bytes + 3) / 4, 2 * int64_t(plan.num_q_tiles));
-    workspace = torch::stable::new_empty(a.q, {words}, ScalarType::Int);
-    int32_t* base = static_cast<int32_t*>(workspace->data_ptr());
-    p.q_tile_to_batch = base;                    // [num_q_tiles]
+  const int64_t words = plan.workspace_bytes / 4;  // ragged: two tile maps; then the scheduler's counter
+  Tensor workspace = torch::stable::new_empty(a.q, {words}, ScalarType::Int);
+  int32_t* base = static_cast<int32_t*>(workspace.data_ptr());
+  if (ragged_q) {
+    p.q_tile_to_batch = base;                     // [num_q_tiles]
     p.q_tile_to_index = base + plan.num_q_tiles;  // [num_q_tiles]
   }
+  p.sched_counter_ptr = words > 0 ? base + (words - 1) : nullptr;  // 0 words: invalid shapes, the launch refuses
   const cudaStream_t stream = binding::current_cuda_stream(op, device);
   binding::check_cuda_status(attn_prefill_bf16_launch(p, stream), op, config_str(kernel, p, device));
   return out;

@@ -371,6 +371,9 @@ struct Layout {
   int64_t kv_bs = 0, kv_ss = 0, kv_hs = 0, kv_count = 0;
 };
 
+// The sm_90a kernel's schedule in run_case: its tile counter from the workspace (the default), or none (fixed order).
+bool g_sched_counter = true;
+
 ErrorStats run_case(const Case& c, Rng& rng) {
   ErrorStats s;
   const int B = c.B, Hq = c.Hq, Hkv = c.Hkv, D = c.D, G = Hq / Hkv;
@@ -598,11 +601,14 @@ ErrorStats run_case(const Case& c, Rng& rng) {
   const astrai::PrefillPlan plan = astrai::attn_prefill_plan(p);
   p.num_q_tiles = plan.num_q_tiles;
   DeviceBuffer<int32_t> ws(static_cast<size_t>(std::max<int64_t>(plan.workspace_bytes / 4, 1)));
-  TEST_CUDA_CHECK(cudaMemset(ws.get(), 0x7f, ws.size() * 4));  // every entry must be rewritten
+  // Every tile-map entry must be rewritten, and the launcher must zero the counter (else tiles are skipped and
+  // their rows stay poisoned).
+  TEST_CUDA_CHECK(cudaMemset(ws.get(), 0x7f, ws.size() * 4));
   if (c.ragged_q) {
     p.q_tile_to_batch = ws.get();
     p.q_tile_to_index = ws.get() + plan.num_q_tiles;
   }
+  if (g_sched_counter) p.sched_counter_ptr = ws.get() + (plan.workspace_bytes / 4 - 1);
   const cudaError_t st = astrai::attn_prefill_bf16_launch(p, nullptr);
   if (st != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(st));
@@ -893,7 +899,8 @@ int run_bench(const cudaDeviceProp& prop) {
   std::printf("bench: %s, GQA 32/8, D=128, dense Q, CUDA events, median of repeats after warm-up\n", prop.name);
   std::printf("ASTRAI_PREFILL_SM90=%s (unset or 1: the sm_90a kernel where it applies; 0: mma.sync)\n",
               knob ? knob : "unset");
-  std::printf("%-3s %-6s %-7s %-11s %12s %10s %8s\n", "B", "L", "causal", "kv", "us", "TFLOP/s", "bitwise");
+  std::printf("%-3s %-6s %-7s %-11s %-8s %12s %10s %8s\n", "B", "L", "causal", "kv", "sched", "us", "TFLOP/s",
+              "bitwise");
   const int Hq = 32, Hkv = 8, D = 128, ps = 16;
   int status = 0;
   for (int B : {1, 8})
@@ -948,43 +955,50 @@ int run_bench(const cudaDeviceProp& prop) {
           p.max_kv_len = L;
           p.scale_log2 = float(1.0 / std::sqrt(double(D)) * 1.4426950408889634);
           p.is_causal = causal != 0;
-          p.num_q_tiles = astrai::attn_prefill_plan(p).num_q_tiles;
-          GpuTimer timer;
-          std::vector<float> ms;
-          const int reps = L >= 8192 && B == 8 ? 10 : 30;
-          for (int r = 0; r < reps + 3; ++r) {
-            timer.start();
-            const cudaError_t st = astrai::attn_prefill_bf16_launch(p, nullptr);
-            const float t = timer.stop();
-            if (st != cudaSuccess) {
-              std::fprintf(stderr, "launch returned %s\n", cudaGetErrorName(st));
-              return 2;
+          const astrai::PrefillPlan plan = astrai::attn_prefill_plan(p);
+          p.num_q_tiles = plan.num_q_tiles;
+          DeviceBuffer<int32_t> ws(static_cast<size_t>(plan.workspace_bytes / 4));
+          // sched 0: the tile counter (what the op passes); 1: none, the sm_90a kernel's fixed order. Both must
+          // give the bits of the first contiguous row.
+          for (int sched = 0; sched < 2; ++sched) {
+            p.sched_counter_ptr = sched == 0 ? ws.get() + (ws.size() - 1) : nullptr;
+            GpuTimer timer;
+            std::vector<float> ms;
+            const int reps = L >= 8192 && B == 8 ? 10 : 30;
+            for (int r = 0; r < reps + 3; ++r) {
+              timer.start();
+              const cudaError_t st = astrai::attn_prefill_bf16_launch(p, nullptr);
+              const float t = timer.stop();
+              if (st != cudaSuccess) {
+                std::fprintf(stderr, "launch returned %s\n", cudaGetErrorName(st));
+                return 2;
+              }
+              if (r >= 3) ms.push_back(t);
             }
-            if (r >= 3) ms.push_back(t);
+            TEST_CUDA_CHECK(cudaDeviceSynchronize());
+            const char* bitwise = "-";
+            if (!paged && sched == 0) {
+              TEST_CUDA_CHECK(cudaMemcpy(o_contig.get(), o.get(), size_t(q_count) * 2, cudaMemcpyDeviceToDevice));
+            } else {
+              DeviceBuffer<unsigned long long> diff(1);
+              TEST_CUDA_CHECK(cudaMemset(diff.get(), 0, sizeof(unsigned long long)));
+              count_diff_u16<<<1024, 256>>>(o.get(), o_contig.get(), q_count, diff.get());
+              std::vector<unsigned long long> h;
+              diff.download(h);
+              // Pages of 16 are copied in page groups, which take the contiguous kernel's softmax steps: the same
+              // tiles in the same order, so the bits must agree (per-row page offsets, pages of 1..4 keys, take
+              // their own steps at D = 128: prefill_schedule.h); the schedule never changes a tile's arithmetic.
+              bitwise = h[0] == 0 ? "yes" : "NO";
+              if (h[0] != 0) status = 1;
+            }
+            std::sort(ms.begin(), ms.end());
+            const double med = ms[ms.size() / 2] * 1e-3;
+            const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;  // (row, key) pairs kept
+            const double flops = 4.0 * B * Hq * D * pairs;
+            std::printf("%-3d %-6d %-7d %-11s %-8s %12.1f %10.1f %8s\n", B, L, causal,
+                        paged ? "paged-16" : "contiguous", sched == 0 ? "counter" : "fixed", med * 1e6,
+                        flops / med * 1e-12, bitwise);
           }
-          TEST_CUDA_CHECK(cudaDeviceSynchronize());
-          const char* bitwise = "-";
-          if (!paged) {
-            TEST_CUDA_CHECK(cudaMemcpy(o_contig.get(), o.get(), size_t(q_count) * 2, cudaMemcpyDeviceToDevice));
-          } else {
-            DeviceBuffer<unsigned long long> diff(1);
-            TEST_CUDA_CHECK(cudaMemset(diff.get(), 0, sizeof(unsigned long long)));
-            count_diff_u16<<<1024, 256>>>(o.get(), o_contig.get(), q_count, diff.get());
-            std::vector<unsigned long long> h;
-            diff.download(h);
-            // Pages of 16 are copied in page groups, which take the contiguous kernel's softmax steps: the same
-            // tiles in the same order, so the bits must agree (per-row page offsets, pages of 1..4 keys, take
-            // their own steps at D = 128: prefill_schedule.h).
-            constexpr bool kSameSteps = true;
-            bitwise = h[0] == 0 ? "yes" : (kSameSteps ? "NO" : "no(steps)");
-            if (h[0] != 0 && kSameSteps) status = 1;
-          }
-          std::sort(ms.begin(), ms.end());
-          const double med = ms[ms.size() / 2] * 1e-3;
-          const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;  // (row, key) pairs kept
-          const double flops = 4.0 * B * Hq * D * pairs;
-          std::printf("%-3d %-6d %-7d %-11s %12.1f %10.1f %8s\n", B, L, causal, paged ? "paged-16" : "contiguous",
-                      med * 1e6, flops / med * 1e-12, bitwise);
         }
       }
   return status;
@@ -1027,12 +1041,17 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = make_cases(opts.small, rng);
   int failed = 0, index = 0;
   // On compute capability 9.0 the launcher takes the sm_90a wgmma kernel at head_dim 128 (where the image has its
-  // code); a second pass with ASTRAI_PREFILL_SM90=0 runs the table on the mma.sync kernel too.
-  const int passes = prop.major == 9 && prop.minor == 0 ? 2 : 1;
+  // code): a second pass runs it without the tile counter (its fixed order), a third with ASTRAI_PREFILL_SM90=0
+  // runs the table on the mma.sync kernel too.
+  const int passes = prop.major == 9 && prop.minor == 0 ? 3 : 1;
   for (int pass = 0; pass < passes; ++pass) {
     if (pass == 1) {
+      g_sched_counter = false;
+      std::printf("second pass, no tile counter (the sm_90a kernel's fixed order)\n");
+    } else if (pass == 2) {
+      g_sched_counter = true;
       setenv("ASTRAI_PREFILL_SM90", "0", 1);
-      std::printf("second pass, ASTRAI_PREFILL_SM90=0 (head_dim 128 on the mma.sync kernel)\n");
+      std::printf("third pass, ASTRAI_PREFILL_SM90=0 (head_dim 128 on the mma.sync kernel)\n");
     }
     print_table_header();
     for (const Case& c : cases) {

@@ -34,8 +34,8 @@ cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t str
 
 struct PrefillPlan {
   int32_t num_q_tiles;       // grid size along the Q schedule (an upper bound for ragged Q: idle tiles exit)
-  int64_t workspace_bytes;   // 2 * num_q_tiles int32 for ragged Q (q_tile_to_batch at the start, q_tile_to_index
-                             // right after it); 0 for dense Q
+  int64_t workspace_bytes;   // ragged Q: 2 * num_q_tiles int32 (q_tile_to_batch at the start, q_tile_to_index
+                             // right after it); then, for every call, one int32 for sched_counter_ptr
 };
 
 // Prefill schedule: a function of the shapes only (batch, rows, head counts, head_dim, ragged or not), never of
@@ -43,8 +43,9 @@ struct PrefillPlan {
 // fills the tile maps on the device from qo_indptr before the main kernel.
 PrefillPlan attn_prefill_plan(const PrefillParams& params);
 
-// Launches the prefill (and, for ragged Q, the tile-map kernel) on `stream`. The caller sets num_q_tiles and the
-// tile-map pointers from attn_prefill_plan (workspace of workspace_bytes). Returns cudaErrorInvalidValue for
+// Launches the prefill (and, for ragged Q, the tile-map kernel) on `stream`. The caller sets num_q_tiles, the
+// tile-map pointers and sched_counter_ptr from attn_prefill_plan (workspace of workspace_bytes; the launcher
+// zeroes the counter with cudaMemsetAsync when the kernel it picks uses it). Returns cudaErrorInvalidValue for
 // inconsistent params; never throws. batch == 0 or no rows: no launch.
 cudaError_t attn_prefill_bf16_launch(const PrefillParams& params, cudaStream_t stream);
 

@@ -100,16 +100,17 @@ struct QTile {
   int rows_log2;  // log2(BM / HB): sequence rows per tile
 };
 
+// Work item `item` of the grid's order (the block index, or a persistent block's next tile).
 template <int kBM, bool kRaggedQ>
-__device__ __forceinline__ QTile locate_q_tile(const PrefillParams& p) {
+__device__ __forceinline__ QTile locate_q_tile(const PrefillParams& p, unsigned item) {
   QTile t;
   const int group = p.num_q_heads / p.num_kv_heads;
   t.hb_log2 = prefill_heads_log2(group);
   t.rows_log2 = ilog2_exact(kBM) - t.hb_log2;
   const int groups_per_kv = group >> t.hb_log2;
   const unsigned head_blocks = unsigned(p.num_kv_heads * groups_per_kv);
-  const int head_block = int(blockIdx.x % head_blocks);
-  const int tile = int(blockIdx.x / head_blocks);
+  const int head_block = int(item % head_blocks);
+  const int tile = int(item / head_blocks);
   t.kvh = head_block / groups_per_kv;
   t.qh0 = t.kvh * group + ((head_block % groups_per_kv) << t.hb_log2);
   if constexpr (kRaggedQ) {
@@ -132,6 +133,42 @@ __device__ __forceinline__ QTile locate_q_tile(const PrefillParams& p) {
   }
   if (t.b >= p.batch || t.row0 < 0 || t.row0 >= t.q_len) t.b = -1;
   return t;
+}
+
+// The keys a Q tile reads: key t of its sequence is row kv_key0 + t of batch kv_batch (contiguous) or sits on a
+// page (paged); row i of the sequence sits at key position pos0 + (i - row0) (causal aligned to the end); keys at
+// or past n_end are dropped for every row of the tile.
+struct TileKeys {
+  int kv_len;
+  int kv_key0;
+  int kv_batch;
+  int pos0;
+  int n_end;
+};
+
+template <bool kPaged>
+__device__ __forceinline__ TileKeys tile_keys(const PrefillParams& p, const QTile& qt) {
+  TileKeys k{0, 0, 0, 0, 0};
+  const int b = qt.b;
+  if constexpr (kPaged) {
+    k.kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
+  } else if (p.kv_indptr_ptr != nullptr) {
+    const RowRange keys = clamp_indptr(__ldg(p.kv_indptr_ptr + b), __ldg(p.kv_indptr_ptr + b + 1), p.max_kv_len);
+    k.kv_len = keys.len;
+    k.kv_key0 = keys.lo;
+  } else {
+    k.kv_len = p.kv_lens_ptr != nullptr ? min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len) : p.max_kv_len;
+    k.kv_batch = b;
+  }
+  const int rows_here = min(qt.q_len - qt.row0, 1 << qt.rows_log2);
+  k.pos0 = k.kv_len - qt.q_len + qt.row0;
+  k.n_end = k.kv_len;
+  if (p.is_causal) k.n_end = int(min(int64_t(k.n_end), max(int64_t(k.pos0) + rows_here, int64_t(0))));
+  if (p.mask_ptr != nullptr) {
+    k.n_end = min(k.n_end, max(p.mask_len, 0));
+    if (p.mask_q_stride != 0 && qt.row0 >= p.mask_q_len) k.n_end = 0;
+  }
+  return k;
 }
 
 // grid: num_q_tiles x head_blocks, flattened with the head block fastest (the blocks of one Q tile, which read
@@ -161,38 +198,18 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // ---- which rows, heads and keys ------------------------------------------------------------------
-  const QTile qt = locate_q_tile<kBM, kRaggedQ>(p);
+  const QTile qt = locate_q_tile<kBM, kRaggedQ>(p, blockIdx.x);
   if (qt.b < 0) return;  // idle tile (block-uniform: before any barrier)
-  const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2, rows_log2 = qt.rows_log2;
+  const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2;
   const int kvh = qt.kvh, qh0 = qt.qh0;
   const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
 
-  // K/V rows of this block: key t of the sequence is row kv_key0 + t of batch kv_batch (contiguous) or sits on a
-  // page (paged). Kept as small integers; issue_kv forms the 64-bit addresses per tile (two live 64-bit base
+  // K/V rows of this block as small integers: issue_kv forms the 64-bit addresses per tile (two live 64-bit base
   // pointers would cost the loop 4 registers it does not have).
-  int kv_len, kv_key0 = 0, kv_batch = 0;
-  if constexpr (kPaged) {
-    kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
-  } else if (p.kv_indptr_ptr != nullptr) {
-    const RowRange keys = clamp_indptr(__ldg(p.kv_indptr_ptr + b), __ldg(p.kv_indptr_ptr + b + 1), p.max_kv_len);
-    kv_len = keys.len;
-    kv_key0 = keys.lo;
-  } else {
-    kv_len = p.kv_lens_ptr != nullptr ? min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len) : p.max_kv_len;
-    kv_batch = b;
-  }
-
-  // Row i of the sequence sits at key position pos0 + (i - row0) (causal aligned to the end).
-  const int rows_here = min(q_len_b - row0, 1 << rows_log2);
-  const int pos0 = kv_len - q_len_b + row0;
+  const TileKeys keys = tile_keys<kPaged>(p, qt);
+  const int kv_len = keys.kv_len, kv_key0 = keys.kv_key0, kv_batch = keys.kv_batch, pos0 = keys.pos0;
   const bool has_mask = p.mask_ptr != nullptr;
-  int n_end = kv_len;  // keys past n_end are dropped for every row of the block
-  if (p.is_causal) n_end = int(min(int64_t(n_end), max(int64_t(pos0) + rows_here, int64_t(0))));
-  if (has_mask) {
-    n_end = min(n_end, max(p.mask_len, 0));
-    if (p.mask_q_stride != 0 && row0 >= p.mask_q_len) n_end = 0;
-  }
-  const int n_tiles = (n_end + kBN - 1) / kBN;  // block-uniform trip count
+  const int n_tiles = (keys.n_end + kBN - 1) / kBN;  // block-uniform trip count
 
   // ---- loads ---------------------------------------------------------------------------------------
   const int ld_chunk = tid % kChunks;  // this thread's 16-byte chunk of every row it loads
@@ -650,7 +667,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       }
     }
   __syncwarp();
-  const QTile ot = locate_q_tile<kBM, kRaggedQ>(p);  // as qt, recomputed
+  const QTile ot = locate_q_tile<kBM, kRaggedQ>(p, blockIdx.x);  // as qt, recomputed
   bf16* out = static_cast<bf16*>(p.out_ptr) +
               (kRaggedQ ? int64_t(ot.seq_lo) * p.out_seq_stride : int64_t(ot.b) * p.out_batch_stride);
 #pragma unroll

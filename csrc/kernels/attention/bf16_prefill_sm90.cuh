@@ -5,7 +5,9 @@
 // the 128-byte-swizzled layout the wgmma descriptors read (three stages, mbarriers), and two consumer warpgroups of
 // 64 packed rows each compute S = Q K^T (both operands from shared memory) and O += P V (P from registers: the
 // S accumulators rounded to bf16; V read transposed), taking turns on the tensor cores (one's softmax runs while
-// the other's products do) and overlapping each tile's softmax with the previous tile's P V.
+// the other's products do) and overlapping each tile's softmax with the previous tile's P V. Persistent: one block
+// per SM takes Q tiles one after another (from a counter when the launcher gives one), so the next tile's Q and K/V
+// copies run under the current tile's last products and its output stores.
 #pragma once
 
 #include <cstdint>
@@ -37,16 +39,22 @@ struct PrefillSm90Traits {
   static constexpr int kChunks = kHeadDim / 8;         // 16-byte chunks per row
   static constexpr int kGroupRows = 8;                 // consecutive K/V rows copied from one page id
   static constexpr int kGroups = kBN / kGroupRows;     // row groups per tile (page flags)
-  static constexpr int kProducerRegs = 40;             // setmaxnreg: 128 x 40 + 256 x 232 <= 64 K registers
-  static constexpr int kConsumerRegs = 232;
+  // setmaxnreg: 128 x producer + 256 x consumer <= 128 x 504 (the 168 per thread the launch holds). Paged K/V's
+  // producer (page ids, one tile ahead) spilled at 40, the contiguous one does not; the consumers fit 224 unspilled.
+  static constexpr int producer_regs(bool paged) { return paged ? 56 : 40; }
+  static constexpr int consumer_regs(bool paged) { return paged ? 224 : 232; }
   static constexpr uint32_t kHalfQ = kBM * 128;        // bytes of one 64-column half of Q
   static constexpr uint32_t kHalfKV = kBN * 128;       // bytes of one half of a K or V tile
   static constexpr uint32_t kQBytes = 2 * kHalfQ;
   static constexpr uint32_t kTileBytes = 2 * kHalfKV;  // one K or V tile
-  static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kTileBytes;  // mbarriers: K, V full / empty, Q
-  static constexpr uint32_t kFlagOffset = kBarOffset + 128;  // page flags: [stage][group] bytes, 16-byte aligned
+  // mbarriers: K, V full / empty [kStages] each, Q full / empty, work-item full / empty [2] each (18 x 8 bytes);
+  // then the two work-item slots (int32).
+  static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kTileBytes;
+  static constexpr uint32_t kItemOffset = kBarOffset + 4 * kStages * 8 + 2 * 8 + 4 * 8;
+  static constexpr uint32_t kFlagOffset = kBarOffset + 256;  // page flags: [stage][group] bytes, 16-byte aligned
   static constexpr int kSmemBytes = int(kFlagOffset) + kStages * kGroups + 1024;  // + alignment slack
   static_assert(kBN == kBM && 128 / kChunks * 2 * kGroupRows == kBN, "a producer thread copies two row groups");
+  static_assert(kItemOffset + 2 * 4 <= kFlagOffset, "barriers and item slots fit their region");
 };
 static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a kernel takes the planned Q tiles");
 
@@ -72,13 +80,19 @@ __device__ __forceinline__ float tree_reduce16(const float (&t)[16], Op op) {
   return op(op(u[0], u[2]), op(u[1], u[3]));
 }
 
-// grid, Q tiles and semantics: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh), with kThreads threads and
-// kSmemBytes of dynamic shared memory. Warpgroup 0 copies; consumer c (warpgroup 1 + c) computes packed rows
-// 64 c .. 64 c + 63. kPaged: pages of >= kGroupRows keys only, so each 8-row group of a tile lies on one page.
-// Synchronization, per ring (K, V) and stage s = j % 3: full[s] completes when tile j has landed (each producer
-// thread arrives for its cp.async, and for K once more for its page flags), empty[s] when both consumers are done
-// with it (every consumer thread arrives: K after S_j, V after P_j V_j); q_bar when Q has landed. Named barriers 3
-// and 4 pass the tensor cores between the consumers; 1 and 2 order each consumer's epilogue.
+// Semantics and Q tiles: as prefill_bf16_kernel<128, ...> (bf16_prefill.cuh); block: kThreads threads, kSmemBytes
+// of dynamic shared memory. Persistent: the work items are the mma.sync kernel's blocks (Q tile x head block, in
+// its order); block k takes item k first, then the next item from p.sched_counter_ptr (gridDim.x + the counter's
+// old value: a dynamic schedule, the counter zeroed before the launch), or k + n gridDim.x when that is null.
+// Warpgroup 0 copies; consumer c (warpgroup 1 + c) computes packed rows 64 c .. 64 c + 63. kPaged: pages of >=
+// kGroupRows keys only, so each 8-row group of a tile lies on one page.
+// Synchronization (mbarriers; parities count uses): the producer's thread 0 takes each item and publishes it in
+// slot n % 2 (item_full[n % 2]); all 384 threads read it and arrive on item_empty, which the slot's next writer
+// waits. K and V rings, stage s = t % 3 over the block's t-th tile of all its items: full[s] completes when the
+// tile has landed (each producer thread arrives for its cp.async, and for K once more for its page flags),
+// empty[s] when both consumers are done with it (every consumer thread arrives: K after S, V after P V). q_full
+// when an item's Q has landed, q_empty when both consumers have read it for their last S. Named barriers 3 and 4
+// pass the tensor cores between the consumers, across items.
 template <bool kRaggedQ, bool kPaged>
 __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     prefill_bf16_sm90_kernel(const __grid_constant__ PrefillParams p) {
@@ -92,42 +106,20 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* const smem = smem_raw + (base - raw_addr);
-  uint8_t* const sQ = smem;
   uint64_t* const k_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarOffset);
   uint64_t* const k_empty = k_full + kStages;
   uint64_t* const v_full = k_empty + kStages;
   uint64_t* const v_empty = v_full + kStages;
-  uint64_t* const q_bar = v_empty + kStages;
+  uint64_t* const q_full = v_empty + kStages;
+  uint64_t* const q_empty = q_full + 1;
+  uint64_t* const item_full = q_empty + 1;  // [2]
+  uint64_t* const item_empty = item_full + 2;  // [2]
+  volatile int32_t* const item_slot = reinterpret_cast<volatile int32_t*>(smem + Tr::kItemOffset);  // [2]
   uint8_t* const page_flags = smem + Tr::kFlagOffset;
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
-
-  // ---- which rows, heads and keys (as the mma.sync kernel) ---------------------------------------------
-  const QTile qt = locate_q_tile<kBM, kRaggedQ>(p);
-  if (qt.b < 0) return;  // idle tile (block-uniform: before any barrier)
-  const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2, rows_log2 = qt.rows_log2;
-
-  int kv_len, kv_key0 = 0, kv_batch = 0;
-  if constexpr (kPaged) {
-    kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
-  } else if (p.kv_indptr_ptr != nullptr) {
-    const RowRange keys = clamp_indptr(__ldg(p.kv_indptr_ptr + b), __ldg(p.kv_indptr_ptr + b + 1), p.max_kv_len);
-    kv_len = keys.len;
-    kv_key0 = keys.lo;
-  } else {
-    kv_len = p.kv_lens_ptr != nullptr ? min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len) : p.max_kv_len;
-    kv_batch = b;
-  }
-  const int rows_here = min(q_len_b - row0, 1 << rows_log2);
-  const int pos0 = kv_len - q_len_b + row0;
-  const bool has_mask = p.mask_ptr != nullptr;
-  int n_end = kv_len;
-  if (p.is_causal) n_end = int(min(int64_t(n_end), max(int64_t(pos0) + rows_here, int64_t(0))));
-  if (has_mask) {
-    n_end = min(n_end, max(p.mask_len, 0));
-    if (p.mask_q_stride != 0 && row0 >= p.mask_q_len) n_end = 0;
-  }
-  const int n_tiles = (n_end + kBN - 1) / kBN;  // block-uniform trip count
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int64_t num_items = int64_t(p.num_q_tiles) * (p.num_kv_heads * (group >> prefill_heads_log2(group)));
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -136,156 +128,211 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       mbarrier_init(k_empty + s, Tr::kConsumers * 128);  // every consumer thread
       mbarrier_init(v_empty + s, Tr::kConsumers * 128);
     }
-    mbarrier_init(q_bar, 128);
+    mbarrier_init(q_full, 128);
+    mbarrier_init(q_empty, Tr::kConsumers * 128);
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(item_full + s, 1);             // thread 0 published the item
+      mbarrier_init(item_empty + s, Tr::kThreads);  // every thread read it
+    }
   }
   __syncthreads();  // the only block-wide barrier: the producer may finish early
 
+  // The block's n-th work item: thread 0 (the producer's) publishes it in slot n % 2 (publish_item), every thread
+  // reads it in order (read_item). num_items or more: no more work.
+  auto read_item = [&](int n) -> int64_t {
+    const int slot = n & 1;
+    mbarrier_wait(item_full + slot, uint32_t(n >> 1) & 1u);
+    // Read by every lane, then lane 0's value for all: ptxas then knows the item (and every trip count derived
+    // from it) uniform across the warp, which it needs to keep the wgmma asynchronous.
+    const int32_t w = __shfl_sync(0xffffffffu, item_slot[slot], 0);
+    mbarrier_arrive(item_empty + slot);
+    return w;
+  };
+
   if (wg == 0) {
-    // ==== producer: Q, then tile j into stage j % 3 once both consumers released tile j - 3 ====================
-    setmaxnreg_dec<Tr::kProducerRegs>();
-    if (n_tiles == 0) return;
+    // ==== producer: per item, tile 0, then Q once the consumers read the last one, then tiles 1 ... ============
+    setmaxnreg_dec<Tr::producer_regs(kPaged)>();
     const int chunk = tid % Tr::kChunks;
     const int rg = tid / Tr::kChunks;  // row groups rg (rows 8 rg ..) and 8 + rg (rows 64 + 8 rg ..) of a tile
-    {
-      const int qh0 = qt.qh0;
-      const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
-      const bf16* q = static_cast<const bf16*>(p.q_ptr) + q_off + chunk * 8;
-#pragma unroll
-      for (int r = 0; r < kBM / 8; ++r) {  // packed rows rg + 8 r: rows past the sequence are zeros, never stored
-        const int m = rg + 8 * r;
-        const int i = row0 + (m >> hb_log2);
-        const int h = qh0 + (m & ((1 << hb_log2) - 1));
-        const bool valid = i < q_len_b;
-        cp_async16_zfill(base + sm90_tile_offset(m, chunk, Tr::kHalfQ),
-                         valid ? q + (int64_t(i) * p.q_seq_stride + int64_t(h) * p.q_head_stride) : q, valid);
-      }
-      cp_async_mbarrier_arrive(q_bar);
-    }
-    const bf16* const k_base = static_cast<const bf16*>(p.k_ptr) + (int64_t(qt.kvh) * p.k_head_stride + chunk * 8);
-    const bf16* const v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(qt.kvh) * p.v_head_stride + chunk * 8);
-    // Paged: the page id of this thread's group g of tile j (-1 past kv_len), read once for K and V.
-    auto group_page_id = [&](int j, int g) -> int32_t {
-      const int t0 = j * kBN + 64 * g + 8 * rg;
-      return t0 < kv_len
-                 ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t0 >> p.page_size_log2)))
-                 : -1;
-    };
-    // One K or V tile (j) into `dst`: groups of 8 rows, each from one page id; keys past kv_len and rows of invalid
-    // pages are zeros (V rows must be finite: P = 0 times them is 0). K's copy also writes the page flags.
-    auto copy_tile = [&](int j, const int32_t (&ids)[2], uint32_t dst, const bf16* src_base, int64_t batch_stride,
-                         int64_t seq_stride, uint8_t* flags) {
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        const int row = 64 * g + 8 * rg;  // first row of the group within the tile
-        const int t0 = j * kBN + row;     // its first key
-        const bf16* src;
-        bool page_valid = true;
-        if constexpr (kPaged) {
-          const int32_t id = ids[g];
-          page_valid = id >= 0 && id < p.num_pages;
-          const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
-          src = src_base + (int64_t(page_valid ? id : 0) * batch_stride + in_page * seq_stride);
-          // An invalid page (keys before kv_len on a page id out of range): its keys are dropped (and zeroed).
-          if (flags != nullptr && chunk == 0) flags[8 * g + rg] = uint8_t(!page_valid && t0 < kv_len);
-        } else {
-          src = src_base + ((int64_t(kv_key0) + t0) * seq_stride + int64_t(kv_batch) * batch_stride);
-        }
-        // Row row + r sits at at0 + 128 r, its chunk at (chunk % 8) ^ r (row % 8 == 0: sm90_tile_offset).
-        const uint32_t at0 = dst + uint32_t(chunk >> 3) * Tr::kHalfKV + uint32_t(row) * 128u;
-        if (page_valid && t0 + Tr::kGroupRows <= kv_len) {
-#pragma unroll
-          for (int r = 0; r < Tr::kGroupRows; ++r) {
-            cp_async16_zfill(at0 + uint32_t(r) * 128u + (uint32_t((chunk & 7) ^ r) << 4), src, true);
-            src += seq_stride;
-          }
-        } else {
-#pragma unroll
-          for (int r = 0; r < Tr::kGroupRows; ++r) {
-            const bool valid = page_valid && t0 + r < kv_len;
-            cp_async16_zfill(at0 + uint32_t(r) * 128u + (uint32_t((chunk & 7) ^ r) << 4), valid ? src : src_base,
-                             valid);
-            src += seq_stride;
-          }
-        }
-      }
-    };
-    // K and V run in separate rings: K_j's stage frees as soon as both consumers' S_j is done, a tile earlier than
-    // V_j's (freed after P V), which gives the copies of K a longer lead.
     int stage = 0;
-    uint32_t phase = 0;  // parity of stage `stage`'s current use
-    // Paged: the page ids of tile j, read a tile ahead (their latency would otherwise delay every tile's copies).
-    int32_t ids[2] = {-1, -1};
-    if constexpr (kPaged) {
-      ids[0] = group_page_id(0, 0);
-      ids[1] = group_page_id(0, 1);
-    }
-    for (int j = 0; j < n_tiles; ++j) {
-      const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
-      int32_t next_ids[2] = {-1, -1};
-      if constexpr (kPaged) {
-        if (j + 1 < n_tiles) {
-          next_ids[0] = group_page_id(j + 1, 0);
-          next_ids[1] = group_page_id(j + 1, 1);
+    uint32_t phase = 0;      // parity of stage `stage`'s current use
+    uint32_t issued = 0;     // tiles issued by this block (a stage is waited on from its second use)
+    uint32_t q_loads = 0;    // Q tiles loaded by this block
+    // Thread 0 draws the counter one item ahead (`ticket`): the atomic's latency passes while the producer copies
+    // the current item, not at the next one's start.
+    int64_t ticket = blockIdx.x;
+    auto publish_item = [&](int n) {
+      const int slot = n & 1;
+      if (n >= 2) mbarrier_wait(item_empty + slot, (uint32_t(n >> 1) & 1u) ^ 1u);  // all read its last item
+      const int64_t w = ticket;
+      if (w < num_items) {  // past the end the block stops: no more draws
+        ticket = p.sched_counter_ptr != nullptr
+                     ? int64_t(gridDim.x) + int64_t(atomicAdd(reinterpret_cast<unsigned*>(p.sched_counter_ptr), 1u))
+                     : int64_t(blockIdx.x) + int64_t(n + 1) * gridDim.x;
+      }
+      item_slot[slot] = int32_t(w < num_items ? w : num_items);
+      mbarrier_arrive(item_full + slot);
+    };
+    for (int n = 0;; ++n) {
+      if (tid == 0) publish_item(n);
+      const int64_t w = read_item(n);
+      if (w >= num_items) break;
+      const QTile qt = locate_q_tile<kBM, kRaggedQ>(p, unsigned(w));
+      if (qt.b < 0) continue;  // idle item
+      const TileKeys keys = tile_keys<kPaged>(p, qt);
+      const int n_tiles = (keys.n_end + kBN - 1) / kBN;
+      if (n_tiles == 0) continue;  // the consumers write zeros without Q
+      const int b = qt.b, kv_len = keys.kv_len;
+
+      const bf16* const k_base = static_cast<const bf16*>(p.k_ptr) + (int64_t(qt.kvh) * p.k_head_stride + chunk * 8);
+      const bf16* const v_base = static_cast<const bf16*>(p.v_ptr) + (int64_t(qt.kvh) * p.v_head_stride + chunk * 8);
+      // Paged: the page id of this thread's group g of tile j (-1 past kv_len), read once for K and V.
+      // The read depends on max_kv_len only (the page table's width), not on kv_len: it need not wait for kv_lens.
+      auto group_page_id = [&](int j, int g) -> int32_t {
+        const int t0 = j * kBN + 64 * g + 8 * rg;
+        const int32_t id = t0 < p.max_kv_len ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride +
+                                                                         (t0 >> p.page_size_log2)))
+                                             : -1;
+        return t0 < kv_len ? id : -1;
+      };
+      // One K or V tile (j) into `dst`: groups of 8 rows, each from one page id; keys past kv_len and rows of
+      // invalid pages are zeros (V rows must be finite: P = 0 times them is 0). K's copy also writes the page flags.
+      auto copy_tile = [&](int j, const int32_t (&ids)[2], uint32_t dst, const bf16* src_base, int64_t batch_stride,
+                           int64_t seq_stride, uint8_t* flags) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const int row = 64 * g + 8 * rg;  // first row of the group within the tile
+          const int t0 = j * kBN + row;     // its first key
+          const bf16* src;
+          bool page_valid = true;
+          if constexpr (kPaged) {
+            const int32_t id = ids[g];
+            page_valid = id >= 0 && id < p.num_pages;
+            const int64_t in_page = t0 & ((1 << p.page_size_log2) - 1);
+            src = src_base + (int64_t(page_valid ? id : 0) * batch_stride + in_page * seq_stride);
+            // An invalid page (keys before kv_len on a page id out of range): its keys are dropped (and zeroed).
+            if (flags != nullptr && chunk == 0) flags[8 * g + rg] = uint8_t(!page_valid && t0 < kv_len);
+          } else {
+            src = src_base + ((int64_t(keys.kv_key0) + t0) * seq_stride + int64_t(keys.kv_batch) * batch_stride);
+          }
+          // Row row + r sits at at0 + 128 r, its chunk at (chunk % 8) ^ r (row % 8 == 0: sm90_tile_offset).
+          const uint32_t at0 = dst + uint32_t(chunk >> 3) * Tr::kHalfKV + uint32_t(row) * 128u;
+          if (page_valid && t0 + Tr::kGroupRows <= kv_len) {
+#pragma unroll
+            for (int r = 0; r < Tr::kGroupRows; ++r) {
+              cp_async16_zfill(at0 + uint32_t(r) * 128u + (uint32_t((chunk & 7) ^ r) << 4), src, true);
+              src += seq_stride;
+            }
+          } else {
+#pragma unroll
+            for (int r = 0; r < Tr::kGroupRows; ++r) {
+              const bool valid = page_valid && t0 + r < kv_len;
+              cp_async16_zfill(at0 + uint32_t(r) * 128u + (uint32_t((chunk & 7) ^ r) << 4), valid ? src : src_base,
+                               valid);
+              src += seq_stride;
+            }
+          }
         }
+      };
+      // Q after the item's first K/V tile: its buffer frees only when both consumers issued the previous item's
+      // last S, while the tile's stages free earlier.
+      auto copy_q = [&]() {
+        if (q_loads > 0) mbarrier_wait(q_empty, (q_loads - 1u) & 1u);
+        ++q_loads;
+        const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
+        // Packed rows m = rg + 8 r: HB <= 4 divides 8, so all are head qh0 + rg % HB, sequence rows i0 + r 8 / HB
+        // (stepping one pointer; rows past the sequence are zeros, never stored).
+        const int i0 = qt.row0 + (rg >> qt.hb_log2), di = 8 >> qt.hb_log2;
+        const bf16* const q0 = static_cast<const bf16*>(p.q_ptr) + q_off + chunk * 8;
+        const bf16* q = q0 + (int64_t(i0) * p.q_seq_stride +
+                              int64_t(qt.qh0 + (rg & ((1 << qt.hb_log2) - 1))) * p.q_head_stride);
+        const int64_t q_step = int64_t(di) * p.q_seq_stride;
+        const uint32_t q_dst = base + sm90_tile_offset(rg, chunk, Tr::kHalfQ);  // row rg + 8 r: + 1024 r
+#pragma unroll
+        for (int r = 0; r < kBM / 8; ++r) {
+          const bool valid = i0 + r * di < qt.q_len;
+          cp_async16_zfill(q_dst + uint32_t(r) * 1024u, valid ? q : q0, valid);
+          q += q_step;
+        }
+        cp_async_mbarrier_arrive(q_full);
+      };
+      // K and V run in separate rings: K_j's stage frees as soon as both consumers' S_j is done, a tile earlier than
+      // V_j's (freed after P V), which gives the copies of K a longer lead.
+      // Paged: the page ids of tile j, read a tile ahead (their latency would otherwise delay every tile's copies).
+      int32_t ids[2] = {-1, -1};
+      if constexpr (kPaged) {
+        ids[0] = group_page_id(0, 0);
+        ids[1] = group_page_id(0, 1);
       }
-      if (j >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
-      copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride,
-                kPaged ? page_flags + stage * Tr::kGroups : nullptr);
-      cp_async_mbarrier_arrive(k_full + stage);
-      mbarrier_arrive(k_full + stage);  // releases the page flags (plain stores)
-      if (j >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
-      copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
-      cp_async_mbarrier_arrive(v_full + stage);
-      ids[0] = next_ids[0];
-      ids[1] = next_ids[1];
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1u;
-      }
+      auto copy_kv = [&](int j) {
+        const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
+        int32_t next_ids[2] = {-1, -1};
+        if constexpr (kPaged) {
+          if (j + 1 < n_tiles) {
+            next_ids[0] = group_page_id(j + 1, 0);
+            next_ids[1] = group_page_id(j + 1, 1);
+          }
+        }
+        if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
+        copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride,
+                  kPaged ? page_flags + stage * Tr::kGroups : nullptr);
+        cp_async_mbarrier_arrive(k_full + stage);
+        mbarrier_arrive(k_full + stage);  // releases the page flags (plain stores)
+        if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
+        copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
+        cp_async_mbarrier_arrive(v_full + stage);
+        ids[0] = next_ids[0];
+        ids[1] = next_ids[1];
+        ++issued;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      };
+      copy_kv(0);
+      copy_q();  // peeled: the Q tile's values are dead in the loop
+      for (int j = 1; j < n_tiles; ++j) copy_kv(j);
     }
     cp_async_wait<0>();
     return;
   }
 
   // ==== consumers ==========================================================================================
-  setmaxnreg_inc<Tr::kConsumerRegs>();
+  setmaxnreg_inc<Tr::consumer_regs(kPaged)>();
   const int c = wg - 1;  // consumer index
   const int wq = (tid >> 5) & 3;  // warp within the warpgroup
   const int wg_row0 = c * 64;                                // this consumer's first packed row
   const int my_row0 = wg_row0 + wq * 16 + (lane >> 2);       // this thread's first packed row (the second: + 8)
-  const int ctid = tid - 128;                                // thread index among the consumers
+  const bool has_mask = p.mask_ptr != nullptr;
 
   float acc_o[64];  // O, unnormalized: acc_o[4 n + e] = O[row g + 8 (e / 2)][8 n + 2 (lane % 4) + e % 2]
   float row_max[2], row_sum[2];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc_o[i] = 0.f;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_max[h] = prefill_neg_inf();
-    row_sum[h] = 0.f;
-  }
+  uint32_t pa[8][4];  // P in bf16, the A fragments of P V: k-step kk is n-tiles 2 kk and 2 kk + 1 of S
 
-  auto kv_addr = [&](int stage) { return base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes; };
+  // Descriptors: one per operand base, then each k-step's and stage's by adding its byte offset / 16 to the low
+  // word (wgmma_desc_sw128_add); without this the descriptor arithmetic took ~130 issue slots per tile and warp.
+  const uint64_t q_desc = wgmma_desc_sw128(base + uint32_t(wg_row0) * 128, 16, 1024);
+  const uint64_t k_desc = wgmma_desc_sw128(base + Tr::kQBytes, 16, 1024);
+  const uint64_t v_desc = wgmma_desc_sw128(base + Tr::kQBytes + Tr::kTileBytes, Tr::kHalfKV, 1024);
+  constexpr uint32_t kStageBytes = 2 * Tr::kTileBytes;
   // S = Q K^T of the tile in `stage`: one commit group of 8 k-steps.
   auto issue_s = [&](float (&s)[64], int stage) {
-    const uint32_t sK_addr = kv_addr(stage);
+    const uint64_t k_stage = wgmma_desc_sw128_add(k_desc, uint32_t(stage) * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t half = uint32_t(kk >> 2), step = uint32_t(kk & 3) * 32;
-      const uint64_t da = wgmma_desc_sw128(base + half * Tr::kHalfQ + uint32_t(wg_row0) * 128 + step, 16, 1024);
-      const uint64_t db = wgmma_desc_sw128(sK_addr + half * Tr::kHalfKV + step, 16, 1024);
+      const uint64_t da = wgmma_desc_sw128_add(q_desc, half * Tr::kHalfQ + step);
+      const uint64_t db = wgmma_desc_sw128_add(k_stage, half * Tr::kHalfKV + step);
       wgmma_m64n128k16_ss(s, da, db, kk > 0);
     }
     wgmma_commit();
   };
   // O += P V of the tile in `stage`, P from pa: one commit group of 8 k-steps of 16 keys.
-  uint32_t pa[8][4];  // P in bf16, the A fragments of P V: k-step kk is n-tiles 2 kk and 2 kk + 1 of S
   auto issue_pv = [&](int stage) {
-    const uint32_t sV_addr = kv_addr(stage) + Tr::kTileBytes;
+    const uint64_t v_stage = wgmma_desc_sw128_add(v_desc, uint32_t(stage) * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      const uint64_t dv = wgmma_desc_sw128(sV_addr + uint32_t(kk) * 2048, Tr::kHalfKV, 1024);
-      wgmma_m64n128k16_rs_tnspb(acc_o, pa[kk], dv, true);
+      wgmma_m64n128k16_rs_tnspb(acc_o, pa[kk], wgmma_desc_sw128_add(v_stage, uint32_t(kk) * 2048), true);
     }
     wgmma_commit();
   };
@@ -300,170 +347,190 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       for (int e = 0; e < 4; ++e) wgmma_fence_operand(pa[kk][e]);
   };
 
-  // Scores of tile j to exp2 weights in place (scale, mask when kMask, online max), the running sums updated;
-  // alpha: the factor O must take before this tile's P V. Returns whether some row max of this thread grew.
-  auto softmax = [&](auto mask_tag, float (&s)[64], int j, const uint4& page_bad, float (&alpha)[2]) -> bool {
-    constexpr bool kMask = decltype(mask_tag)::value;
+  // The tensor cores pass between the consumers (named barriers 3 + c) across all items: consumer 0 goes first,
+  // and takes consumer 1's last pass after the last item, so that no barrier is left mid-phase at the exit.
+  const int my_turn = 3 + c, their_turn = 4 - c;
+  if (c == 1) named_barrier_arrive(3, 256);
+  int stage = 0;         // the block's tile count % 3
+  uint32_t phase = 0;    // parity of the current use of stage
+  uint32_t q_uses = 0;   // Q tiles read by this block
+  for (int n = 0;; ++n) {
+    const int64_t w = read_item(n);
+    if (w >= num_items) break;
+    QTile qt = locate_q_tile<kBM, kRaggedQ>(p, unsigned(w));
+    if (qt.b < 0) continue;  // idle item
+    const TileKeys keys = tile_keys<kPaged>(p, qt);
+    const int n_tiles = (keys.n_end + kBN - 1) / kBN;  // block-uniform trip count
+    const int b = qt.b, row0 = qt.row0, q_len_b = qt.q_len, hb_log2 = qt.hb_log2;
+    const int kv_len = keys.kv_len, pos0 = keys.pos0;
+
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] *= p.scale_log2;
-    if constexpr (kMask) {
-      const int n0 = j * kBN;
-      int key_lim = kv_len - n0;
-      if (has_mask) key_lim = min(key_lim, p.mask_len - n0);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int di = (my_row0 + 8 * h) >> hb_log2;
-        const int i = row0 + di;
-        int lim = key_lim;
-        if (p.is_causal) lim = min(lim, pos0 + di - n0 + 1);
-        if (i >= q_len_b || (has_mask && p.mask_q_stride != 0 && i >= p.mask_q_len)) lim = 0;
-        const uint8_t* mrow = has_mask ? p.mask_ptr + (int64_t(b) * p.mask_batch_stride +
-                                                       int64_t(i) * p.mask_q_stride + n0) : nullptr;
-#pragma unroll
-        for (int n = 0; n < 16; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = n * 8 + 2 * (lane & 3) + e;
-            bool keep = col < lim;
-            if (has_mask) keep = keep && mrow[col] != 0;
-            if constexpr (kPaged) keep = keep && page_flag(page_bad, col / kGroupRows) == 0u;
-            if (!keep) s[4 * n + 2 * h + e] = prefill_neg_inf();
-          }
-      }
-    }
-    (void)page_bad;
-    // Reductions as trees: with two warps per scheduler, serial chains of 32 dependent max / add would leave the
-    // issue slots idle for their latency.
-    bool moved = false;
+    for (int i = 0; i < 64; ++i) acc_o[i] = 0.f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float t[16];
+      row_max[h] = prefill_neg_inf();
+      row_sum[h] = 0.f;
+    }
+
+    // Scores of tile j to exp2 weights in place (mask when kMask, online max, then exp2(s scale - max scale) in one
+    // FFMA each: the scale is positive here, so the max of the raw scores is the max of the scaled ones), the
+    // running sums updated; alpha: the factor O must take before this tile's P V. Returns whether some row max of
+    // this thread grew. Row maxima are kept unscaled.
+    auto softmax = [&](auto mask_tag, float (&s)[64], int j, const uint4& page_bad, float (&alpha)[2]) -> bool {
+      constexpr bool kMask = decltype(mask_tag)::value;
+      const float scale = p.scale_log2;
+      if constexpr (kMask) {
+        const int n0 = j * kBN;
+        int key_lim = kv_len - n0;
+        if (has_mask) key_lim = min(key_lim, p.mask_len - n0);
 #pragma unroll
-      for (int n = 0; n < 16; ++n) t[n] = fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
-      float mx = fmaxf(row_max[h], tree_reduce16(t, [](float a, float b) { return fmaxf(a, b); }));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_use = mx == prefill_neg_inf() ? 0.f : mx;  // nothing kept yet: exp2(-inf - 0) = 0, not NaN
-      const bool grew = mx != row_max[h];
-      alpha[h] = grew ? fast_exp2(row_max[h] - m_use) : 1.f;
-      moved |= grew;
-      row_max[h] = mx;
+        for (int h = 0; h < 2; ++h) {
+          const int di = (my_row0 + 8 * h) >> hb_log2;
+          const int i = row0 + di;
+          int lim = key_lim;
+          if (p.is_causal) lim = min(lim, pos0 + di - n0 + 1);
+          if (i >= q_len_b || (has_mask && p.mask_q_stride != 0 && i >= p.mask_q_len)) lim = 0;
+          const uint8_t* mrow = has_mask ? p.mask_ptr + (int64_t(b) * p.mask_batch_stride +
+                                                         int64_t(i) * p.mask_q_stride + n0) : nullptr;
+#pragma unroll
+          for (int n = 0; n < 16; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = n * 8 + 2 * (lane & 3) + e;
+              bool keep = col < lim;
+              if (has_mask) keep = keep && mrow[col] != 0;
+              if constexpr (kPaged) keep = keep && page_flag(page_bad, col / kGroupRows) == 0u;
+              if (!keep) s[4 * n + 2 * h + e] = prefill_neg_inf();
+            }
+        }
+      }
+      (void)page_bad;
+      // Reductions as trees: with two warps per scheduler, serial chains of 32 dependent max / add would leave the
+      // issue slots idle for their latency.
+      bool moved = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float t[16];
+#pragma unroll
+        for (int n = 0; n < 16; ++n) t[n] = fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
+        float mx = fmaxf(row_max[h], tree_reduce16(t, [](float a, float b) { return fmaxf(a, b); }));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // Nothing kept yet: exp2(-inf scale - 0) = 0, not NaN.
+        const float neg_m = mx == prefill_neg_inf() ? 0.f : -mx * scale;
+        const bool grew = mx != row_max[h];
+        alpha[h] = grew ? fast_exp2(fmaf(row_max[h], scale, neg_m)) : 1.f;
+        moved |= grew;
+        row_max[h] = mx;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          s[4 * n + 2 * h] = fast_exp2(fmaf(s[4 * n + 2 * h], scale, neg_m));
+          s[4 * n + 2 * h + 1] = fast_exp2(fmaf(s[4 * n + 2 * h + 1], scale, neg_m));
+          t[n] = s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+        }
+        row_sum[h] = row_sum[h] * alpha[h] + tree_reduce16(t, [](float a, float b) { return a + b; });
+      }
+      return moved;
+    };
+
+    // ---- main loop ----------------------------------------------------------------------------------
+    // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, and computes the softmax of S_j while that P V
+    // runs; then rescales O and rounds P_j.
+    if (n_tiles > 0) {
+      mbarrier_wait(q_full, q_uses & 1u);
+      ++q_uses;
+    }
+    int prev_stage = 0;
+    uint32_t prev_phase = 0;  // parity of the use of prev_stage
+    for (int j = 0; j < n_tiles; ++j) {
+      mbarrier_wait(k_full + stage, phase);
+      if (j > 0) mbarrier_wait(v_full + prev_stage, prev_phase);
+      fence_proxy_async_smem();  // the copies (generic proxy) before the tensor cores' reads (async proxy)
+      // Paged: byte g of page_bad is nonzero when row group g of the tile lies on an invalid page.
+      uint4 page_bad = make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (kPaged) page_bad = *reinterpret_cast<const uint4*>(page_flags + stage * Tr::kGroups);
+      const bool any_bad = (page_bad.x | page_bad.y | page_bad.z | page_bad.w) != 0u;
+
+      float s[64];
+      named_barrier_sync(my_turn, 256);
+      wgmma_fence();  // pa and acc_o were written since the last wgmma
+      // Each wait sits in the branch of its issues: ptxas proves the accumulators ready per path (a wait<1> that
+      // a path without P V could reach would make it serialize every wgmma).
+      if (j > 0) {
+        issue_s(s, stage);
+        issue_pv(prev_stage);
+        named_barrier_arrive(their_turn, 256);
+        wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+      } else {
+        issue_s(s, stage);
+        named_barrier_arrive(their_turn, 256);
+        wgmma_wait<0>();
+      }
+      mbarrier_arrive(k_empty + stage);  // K_j read
+      if (j == n_tiles - 1) mbarrier_arrive(q_empty);  // Q read for the last time: the next item's may land
+#pragma unroll
+      for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+
+      const int n0 = j * kBN;
+      const bool need_mask =
+          has_mask || any_bad || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
+      float alpha[2];
+      const bool moved = need_mask ? softmax(std::true_type{}, s, j, page_bad, alpha)
+                                   : softmax(std::false_type{}, s, j, page_bad, alpha);
+      wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free, and so is tile j - 1
+      fence_pv_operands();
+      if (j > 0) mbarrier_arrive(v_empty + prev_stage);  // V_{j-1} read
+      // Past the first tiles a row max rarely grows: skip the 64 multiplies when no row of the warp moved.
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc_o[i] *= alpha[(i % 4) / 2];
+      }
 #pragma unroll
       for (int n = 0; n < 16; ++n) {
-        s[4 * n + 2 * h] = fast_exp2(s[4 * n + 2 * h] - m_use);
-        s[4 * n + 2 * h + 1] = fast_exp2(s[4 * n + 2 * h + 1] - m_use);
-        t[n] = s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+        pa[n / 2][(n % 2) * 2] = pack_bf16x2_rn(s[4 * n], s[4 * n + 1]);
+        pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2_rn(s[4 * n + 2], s[4 * n + 3]);
       }
-      row_sum[h] = row_sum[h] * alpha[h] + tree_reduce16(t, [](float a, float b) { return a + b; });
+      prev_stage = stage;
+      prev_phase = phase;
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
     }
-    return moved;
-  };
-
-  // ---- main loop ------------------------------------------------------------------------------------
-  // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, and computes the softmax of S_j while that P V runs;
-  // then rescales O and rounds P_j. The consumers take turns issuing (named barriers 3 + c): consumer 0 first.
-  const int my_turn = 3 + c, their_turn = 4 - c;
-  if (c == 1 && n_tiles > 0) named_barrier_arrive(3, 256);  // consumer 0 goes first
-  if (n_tiles > 0) mbarrier_wait(q_bar, 0);
-  int stage = 0, prev_stage = 0;         // j % 3, (j - 1) % 3
-  uint32_t phase = 0, prev_phase = 0;     // parity of the current use of stage, of prev_stage
-  for (int j = 0; j < n_tiles; ++j) {
-    mbarrier_wait(k_full + stage, phase);
-    if (j > 0) mbarrier_wait(v_full + prev_stage, prev_phase);
-    fence_proxy_async_smem();  // the copies (generic proxy) before the tensor cores' reads (async proxy)
-    // Paged: byte g of page_bad is nonzero when row group g of the tile lies on an invalid page.
-    uint4 page_bad = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kPaged) page_bad = *reinterpret_cast<const uint4*>(page_flags + stage * Tr::kGroups);
-    const bool any_bad = (page_bad.x | page_bad.y | page_bad.z | page_bad.w) != 0u;
-
-    float s[64];
-    named_barrier_sync(my_turn, 256);
-    wgmma_fence();  // pa and acc_o were written since the last wgmma
-    // Each wait sits in the branch of its issues: ptxas proves the accumulators ready per path (a wait<1> that
-    // a path without P V could reach would make it serialize every wgmma).
-    if (j > 0) {
-      issue_s(s, stage);
+    if (n_tiles > 0) {
+      mbarrier_wait(v_full + prev_stage, prev_phase);
+      fence_proxy_async_smem();
+      wgmma_fence();
       issue_pv(prev_stage);
-      named_barrier_arrive(their_turn, 256);
-      wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
-    } else {
-      issue_s(s, stage);
-      named_barrier_arrive(their_turn, 256);
       wgmma_wait<0>();
+      fence_pv_operands();
+      mbarrier_arrive(v_empty + prev_stage);  // V of the last tile read
     }
-    mbarrier_arrive(k_empty + stage);  // K_j read
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
 
-    const int n0 = j * kBN;
-    const bool need_mask =
-        has_mask || any_bad || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
-    float alpha[2];
-    const bool moved = need_mask ? softmax(std::true_type{}, s, j, page_bad, alpha)
-                                 : softmax(std::false_type{}, s, j, page_bad, alpha);
-    wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free, and so is tile j - 1
-    fence_pv_operands();
-    if (j > 0) mbarrier_arrive(v_empty + prev_stage);  // V_{j-1} read
-    // Past the first tiles a row max rarely grows: skip the 64 multiplies when no row of the warp moved.
-    if (__any_sync(0xffffffffu, moved)) {
+    // ---- epilogue: O / l to bf16, stored from registers (4 bytes per thread and column pair) ----------------
+    // Shared memory stays the producer's: the next item's Q and tiles land meanwhile.
+    qt = locate_q_tile<kBM, kRaggedQ>(p, unsigned(w));  // recomputed: not held across the loop
+    bf16* out = static_cast<bf16*>(p.out_ptr) +
+                (kRaggedQ ? int64_t(qt.seq_lo) * p.out_seq_stride : int64_t(qt.b) * p.out_batch_stride) +
+                2 * (lane & 3);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc_o[i] *= alpha[(i % 4) / 2];
-    }
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that kept no key: zeros
+      const int m = my_row0 + 8 * h;
+      const int i = qt.row0 + (m >> qt.hb_log2);
+      const int hq = qt.qh0 + (m & ((1 << qt.hb_log2) - 1));
+      if (i < qt.q_len) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(out + (int64_t(i) * p.out_seq_stride +
+                                                           int64_t(hq) * p.out_head_stride));
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      pa[n / 2][(n % 2) * 2] = pack_bf16x2_rn(s[4 * n], s[4 * n + 1]);
-      pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2_rn(s[4 * n + 2], s[4 * n + 3]);
-    }
-    prev_stage = stage;
-    prev_phase = phase;
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1u;
+        for (int n = 0; n < 16; ++n) dst[4 * n] = pack_bf16x2_rn(acc_o[4 * n + 2 * h] * inv, acc_o[4 * n + 2 * h + 1] * inv);
+      }
     }
   }
-  if (n_tiles > 0) {
-    mbarrier_wait(v_full + prev_stage, prev_phase);
-    fence_proxy_async_smem();
-    wgmma_fence();
-    issue_pv(prev_stage);
-    wgmma_wait<0>();
-    fence_pv_operands();
-    // Consumer 1's last arrive on barrier 3 has no matching turn: consumer 0 takes it here, so that no barrier is
-    // left mid-phase when the block exits.
-    if (c == 0) named_barrier_sync(3, 256);
-  }
-
-  // ---- epilogue: O / l to bf16, staged through this consumer's own rows of sQ for 16-byte stores -----------
-  // Only this consumer's wgmma read those rows, and they completed; the producer wrote Q before q_full.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = row_sum[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that kept no key: zeros
-    const int r = my_row0 + 8 * h;
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      uint32_t* dst = reinterpret_cast<uint32_t*>(sQ + sm90_tile_offset(r, n, Tr::kHalfQ)) + (lane & 3);
-      *dst = pack_bf16x2_rn(acc_o[4 * n + 2 * h] * inv, acc_o[4 * n + 2 * h + 1] * inv);
-    }
-  }
-  named_barrier_sync(1 + c, 128);  // this consumer's 128 threads only
-  const QTile ot = locate_q_tile<kBM, kRaggedQ>(p);  // as qt, recomputed
-  bf16* out = static_cast<bf16*>(p.out_ptr) +
-              (kRaggedQ ? int64_t(ot.seq_lo) * p.out_seq_stride : int64_t(ot.b) * p.out_batch_stride);
-  const int wtid = ctid & 127;
-#pragma unroll
-  for (int idx = wtid; idx < 64 * Tr::kChunks; idx += 128) {
-    const int m = wg_row0 + idx / Tr::kChunks;
-    const int ch = idx % Tr::kChunks;
-    const int i = ot.row0 + (m >> ot.hb_log2);
-    const int h = ot.qh0 + (m & ((1 << ot.hb_log2) - 1));
-    if (i < ot.q_len) {
-      *reinterpret_cast<uint4*>(out + (int64_t(i) * p.out_seq_stride + int64_t(h) * p.out_head_stride + ch * 8)) =
-          *reinterpret_cast<const uint4*>(sQ + sm90_tile_offset(m, ch, Tr::kHalfQ));
-    }
-  }
+  if (c == 0) named_barrier_sync(3, 256);  // consumer 1's last pass
 #else
   (void)p;  // not an sm_90a pass: never launched (prefill_sm90_usable)
 #endif

@@ -71,6 +71,8 @@ struct PrefillParams {
                                      //   i*mask_q_stride + t (i: row within the sequence); null: no mask
   int32_t* q_tile_to_batch;          // workspace [num_q_tiles]: sequence of each Q tile, -1: idle tile (ragged)
   int32_t* q_tile_to_index;          // workspace [num_q_tiles]: first row of the tile within its sequence
+  int32_t* sched_counter_ptr;        // workspace: one int32, the sm_90a kernel's tile counter (the launcher zeroes
+                                     //   it first); null: that kernel takes its tiles in a fixed order
 
   int64_t q_batch_stride;            // q: elements between sequences (dense only)
   int64_t q_seq_stride;              // q: elements between rows (tokens)

@@ -70,7 +70,7 @@ inline PrefillPlan prefill_plan_of(const PrefillParams& p) {
   const int64_t tiles = prefill_tiles(p);
   const int32_t n = int32_t(tiles > INT32_MAX ? INT32_MAX : tiles);  // too many: the launcher rejects the grid
   const bool ragged_q = p.qo_indptr_ptr != nullptr;
-  return PrefillPlan{n, ragged_q ? 2 * int64_t(n) * int64_t(sizeof(int32_t)) : 0};
+  return PrefillPlan{n, ((ragged_q ? 2 * int64_t(n) : 0) + 1) * int64_t(sizeof(int32_t))};
 }
 
 }  // namespace attention

@@ -28,6 +28,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr, ui
          (uint64_t((sbo >> 4) & 0x3fffu) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the operand `bytes` further on (a multiple of 16): its start address field is the low 14 bits,
+// and shared-memory addresses (< 256 KB, so < 2^14 after >> 4) never carry out of it, so a 32-bit add suffices.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_add(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
+  return (uint64_t(hi) << 32) | lo;
+}
+
 // Orders this warpgroup's earlier register and shared-memory accesses before the wgmma that follow (needed
 // whenever accumulators or register A fragments were written since the last wgmma).
 __device__ __forceinline__ void wgmma_fence() {
