@@ -5,7 +5,8 @@
 
 The page: the environment of the latest run; a worst-first table of each case's ratio to its anchor against
 the baseline, with the gate's verdict; per case, time series by commit of the ratio to the anchor and of
-the fraction of the ceiling (the copy bandwidth measured in the same run). A small inline script records
+the fraction of the ceiling (measured in the same run: the copy bandwidth, or for a compute-bound case the
+cuBLAS GEMM of the same FLOPs). A small inline script records
 script errors and counts the figures that loaded into data attributes of <body> (read by the browser test).
 """
 
@@ -102,7 +103,8 @@ def render_figures(runs: list[dict], baseline: dict, out: Path) -> list[tuple[st
         ax_frac.plot([i for i, _ in fracs], [100 * f for _, f in fracs], "s-", color="tab:green")
         ax_frac.set_ylim(0, 105)
         ceiling = points[-1][1].get("ceiling") or "ceiling"
-        ax_frac.set_title(f"% of the {ceiling} bandwidth, same run", fontsize=9)
+        ax_frac.set_title(f"% of the {ceiling} {'speed' if rec_is_compute(points[-1][1]) else 'bandwidth'}, same run",
+                          fontsize=9)
         for ax in (ax_ratio, ax_frac):
             ax.set_xticks(range(len(runs)))
             ax.set_xticklabels([_label(r) for r in runs], fontsize=7)
@@ -115,6 +117,11 @@ def render_figures(runs: list[dict], baseline: dict, out: Path) -> list[tuple[st
         plt.close(fig)
         figures.append((case, name))
     return figures
+
+
+def rec_is_compute(rec: dict) -> bool:
+    """A compute-bound case: its record has TFLOP/s (and a GEMM ceiling) instead of TB/s (and a copy)."""
+    return rec.get("tflops") is not None
 
 
 def environment_block(run: dict) -> str:

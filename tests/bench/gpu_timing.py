@@ -1,7 +1,7 @@
 """Timing and machine record shared by the benchmark scripts (shared/MEASURE.md's method).
 
 `time_graph` times CUDA-graph replays of many calls with CUDA events; `time_copy` the device copy that is the
-memory-bound ceiling; `summarize` folds repeated runs of one case into the record the pytest-benchmark suites
+memory-bound ceiling, `time_gemm` the cuBLAS bf16 GEMM that is the compute-bound one; `summarize` folds repeated runs of one case into the record the pytest-benchmark suites
 store; `environment` is the record (GPU, driver, CUDA, torch, image, clocks, commit, date) written beside every
 result; `commit` says which commit a result belongs to where the tree has no git.
 """
@@ -73,24 +73,48 @@ def time_copy(nbytes: int, replays: int = 20, min_calls: int = 32, max_sets: int
     return us
 
 
+def time_gemm(flops: float, replays: int = 10, target_ms: float = 2.0) -> float:
+    """Microseconds cuBLAS takes for `flops` of bf16 GEMM: F.linear of n x n by n x n (n a multiple of 256 with
+    2 n^3 nearest `flops`), its median time scaled to exactly `flops`. The compute-bound ceiling of a kernel doing
+    `flops` tensor-core work, measured in the caller's run."""
+    n = max(256, round((flops / 2) ** (1 / 3) / 256) * 256)
+    gemm_flops = 2.0 * n ** 3
+    calls = max(1, min(32, math.ceil(target_ms * 1e-3 * 600e12 / gemm_flops)))
+    a = torch.randn(n, n, device="cuda").to(torch.bfloat16)
+    w = torch.randn(n, n, device="cuda").to(torch.bfloat16)
+    us = statistics.median(time_graph(lambda s: torch.nn.functional.linear(s[0], s[1]), [(a, w)], calls, replays))
+    del a, w
+    torch.cuda.empty_cache()
+    return us * flops / gemm_flops
+
+
+def _median_or_none(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def summarize(rows: list[dict], *, anchor: str, ceiling: str) -> dict:
-    """One case's record from its repeated runs. Each row holds kernel_us, anchor_us, ceiling_us, tbps and
-    fraction (of the ceiling), all measured in that run.
+    """One case's record from its repeated runs. Each row holds kernel_us, anchor_us, ceiling_us, fraction (of
+    the ceiling) and tbps (memory-bound cases) or tflops (compute-bound ones), all measured in that run.
 
     Returns kernel_us, anchor, anchor_us, ratio = anchor_us / kernel_us (higher is better; median over the
-    repeats), ratios (one per repeat), spread = (max - min) / median of the ratios, ceiling, ceiling_us, tbps,
-    fraction_of_ceiling (medians) and repeats: the keys ci/bench_gate.py and ci/dashboard.py read.
+    repeats), ratios (one per repeat), spread = (max - min) / median of the ratios, ceiling, ceiling_us, tbps or
+    tflops, fraction_of_ceiling (medians) and repeats: the keys ci/bench_gate.py and ci/dashboard.py read.
     """
     ratios = [r["anchor_us"] / r["kernel_us"] for r in rows]
     ratio = statistics.median(ratios)
-    return {
+    rec = {
         "kernel_us": statistics.median(r["kernel_us"] for r in rows), "anchor": anchor,
         "anchor_us": statistics.median(r["anchor_us"] for r in rows), "ratio": ratio, "ratios": ratios,
         "spread": (max(ratios) - min(ratios)) / ratio, "ceiling": ceiling,
         "ceiling_us": statistics.median(r["ceiling_us"] for r in rows),
-        "tbps": statistics.median(r["tbps"] for r in rows),
+        "tbps": _median_or_none(r.get("tbps") for r in rows),
         "fraction_of_ceiling": statistics.median(r["fraction"] for r in rows), "repeats": len(rows),
     }
+    tflops = _median_or_none(r.get("tflops") for r in rows)
+    if tflops is not None:
+        rec["tflops"] = tflops
+    return rec
 
 
 UNVERSIONED = ("", "unknown", "unversioned")  # what pytest-benchmark and the build record where git is absent

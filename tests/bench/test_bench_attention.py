@@ -1,5 +1,5 @@
-"""pytest-benchmark suite for the attention kernels (tier 4): decode now, one case per (B, L, KV layout);
-prefill goes in the marked section below.
+"""pytest-benchmark suite for the attention kernels (tier 4): decode, one case per (B, L, KV layout), and prefill,
+one case per (B, L, causal, kernel and KV layout).
 
 Decode figures are measured by bench_attention.measure (CUDA events around CUDA-graph replays, inputs rotated
 past the L2; cuDNN and flash SDPA on the same K/V measured in the same run), plus a device copy of the same
@@ -9,6 +9,10 @@ ratio = anchor_us / kernel_us, ratios, spread, ceiling ("copy"), ceiling_us, tbp
 time), fraction_of_ceiling (kernel TB/s over the copy's), and flash_us / ratio_vs_flash beside it. Where cuDNN
 refuses a shape in any repeat, flash SDPA is the anchor and the record says so (the gate then reports the case
 as inconclusive against a cuDNN baseline instead of comparing unlike ratios).
+
+Prefill figures come from bench_attention.measure_prefill (one input set: compute-bound), with the ceiling a
+cuBLAS bf16 GEMM of the same FLOPs in the same run (gpu_timing.time_gemm); extra_info has tflops in place of
+tbps, and fraction_of_ceiling is the GEMM's time over the kernel's.
 
     python -m pytest tests/bench/test_bench_attention.py --benchmark-only --benchmark-json=OUT.json
 """
@@ -37,20 +41,39 @@ DECODE_SHAPES = ((1, 512), (1, 4096), (1, 32768), (16, 4096), (16, 16384), (64, 
 DECODE_KINDS = ("contiguous", "paged16")
 
 
-def record(rows: list[dict]) -> dict:
-    """Rows of one case (one per repeat, each with the kernel, anchors and copy_us of that run) -> its record:
-    cuDNN SDPA as the anchor when it ran in every repeat, else flash SDPA."""
+def _anchor(rows: list[dict]) -> tuple[str, str]:
+    """cuDNN SDPA as the anchor when it ran in every repeat, else flash SDPA; a case with neither fails."""
     anchor, key = ("cuDNN SDPA", "cudnn_us") if all(r.get("cudnn_us") for r in rows) else ("flash SDPA", "flash_us")
     if not all(r.get(key) for r in rows):
         pytest.fail(f"no SDPA anchor ran in every repeat (cuDNN: {[r.get('cudnn_us') for r in rows]}, "
                     f"flash: {[r.get('flash_us') for r in rows]})")
+    return anchor, key
+
+
+def _vs_flash(rows: list[dict]) -> dict:
+    flash = [(r["flash_us"], r["kernel_us"]) for r in rows if r.get("flash_us")]
+    return {"flash_us": statistics.median(f for f, _ in flash) if flash else None,
+            "ratio_vs_flash": statistics.median(f / k for f, k in flash) if flash else None}
+
+
+def record(rows: list[dict]) -> dict:
+    """Decode rows of one case (one per repeat, each with the kernel, anchors and copy_us of that run) -> its
+    record (the anchor as _anchor picks it, the copy as the ceiling)."""
+    anchor, key = _anchor(rows)
     runs = [{"kernel_us": r["kernel_us"], "anchor_us": r[key], "ceiling_us": r["copy_us"], "tbps": r["kernel_tbps"],
              "fraction": r["copy_us"] / r["kernel_us"]} for r in rows]  # same bytes: the ratio of the times
-    flash = [r["flash_us"] for r in rows if r.get("flash_us")]
-    return {**gpu_timing.summarize(runs, anchor=anchor, ceiling="copy"),
-            "flash_us": statistics.median(flash) if flash else None,
-            "ratio_vs_flash": statistics.median(f / r["kernel_us"] for f, r in zip(flash, rows)) if flash else None,
+    return {**gpu_timing.summarize(runs, anchor=anchor, ceiling="copy"), **_vs_flash(rows),
             **{k: rows[0][k] for k in ("kv_bytes", "input_sets", "calls_per_graph", "replays")}}
+
+
+def record_prefill(rows: list[dict]) -> dict:
+    """Prefill rows of one case (one per repeat, each with the kernel, anchors and gemm_us of that run) -> its
+    record: the anchor as _anchor picks it, the same-FLOPs cuBLAS GEMM as the ceiling, TFLOP/s."""
+    anchor, key = _anchor(rows)
+    runs = [{"kernel_us": r["kernel_us"], "anchor_us": r[key], "ceiling_us": r["gemm_us"],
+             "tflops": r["kernel_tflops"], "fraction": r["gemm_us"] / r["kernel_us"]} for r in rows]
+    return {**gpu_timing.summarize(runs, anchor=anchor, ceiling="cuBLAS bf16"), **_vs_flash(rows),
+            **{k: rows[0][k] for k in ("flops", "calls_per_graph", "replays")}}
 
 
 # ---- decode: attn_decode (contiguous K/V) and attn_paged_decode (page 16) -------------------------------
@@ -96,12 +119,61 @@ def test_decode(benchmark, batch, length, kind):
     torch.cuda.empty_cache()
 
 
-# ---- prefill: attn_prefill, attn_prefill_ragged, attn_paged_prefill -------------------------------------
-# PLACE FOR PREFILL. When tests/bench/bench_attention.py measures prefill (a `measure_prefill(...)` returning
-# rows with the kernel time, the cuDNN / flash SDPA prefill times of the same run and the FLOPs), add here:
-#   PREFILL_SHAPES = (...)                              pinned, like DECODE_SHAPES
-#   prefill_case_id(...) -> "attention.prefill[B=..,L=..,causal|full,dense|ragged|paged16]"
-#   measured_prefill(...)  REPEATS runs, cached per shape, like measured_decode
-#   test_prefill(benchmark, ...)  extra_info from gpu_timing.summarize with anchor "cuDNN SDPA", the ceiling
-#       "cuBLAS bf16" (a same-run F.linear of the same FLOPs: compute-bound) and tbps replaced by TFLOP/s
-# Its cases land in benchmarks/baselines/<gpu>/attention.json on the next explicit --update-baseline.
+# ---- prefill: attn_prefill (contiguous K/V; contig-mma: the mma.sync kernel every non-Hopper GPU runs, forced by
+# ASTRAI_PREFILL_SM90=0 where the sm_90a one would take the call) and attn_paged_prefill (page 16) ------------
+
+# (B, L, causal): pinned, like DECODE_SHAPES; a short and a long shape, causal and not, B 1 and 8 (the goal table
+# of docs/benchmarks.md has all eight; four keep the tier's time near its limit).
+PREFILL_SHAPES = ((1, 2048, True), (1, 8192, False), (8, 2048, False), (8, 8192, True))
+PREFILL_KINDS = ("contiguous", "paged16", "contig-mma")
+
+
+def prefill_case_id(batch: int, length: int, causal: bool, kind: str) -> str:
+    """The case name shared with the baselines (benchmarks/baselines/<gpu>/attention.json)."""
+    return f"attention.prefill[B={batch},L={length},{'causal' if causal else 'full'},{kind}]"
+
+
+@functools.cache
+def measured_prefill(batch: int, length: int, causal: bool) -> dict[str, list[dict]]:
+    """REPEATS runs of bench_attention.measure_prefill for one shape, each with the same-FLOPs GEMM measured right
+    after it: rows keyed by kind."""
+    runs: dict[str, list[dict]] = {}
+    for _ in range(REPEATS):
+        rows = bench_attention.measure_prefill(batch, length, causal, heads_q=HEADS_Q, heads_kv=HEADS_KV,
+                                               head_dim=HEAD_DIM)
+        gemm_us = gpu_timing.time_gemm(rows[0]["flops"])
+        for row in rows:
+            runs.setdefault(row["kind"], []).append({**row, "gemm_us": gemm_us})
+    return runs
+
+
+@pytest.mark.requires_cuda_kernels("attention")
+@pytest.mark.parametrize("kind", PREFILL_KINDS)
+@pytest.mark.parametrize("batch,length,causal", PREFILL_SHAPES,
+                         ids=[f"B{b}xL{n}{'-causal' if c else ''}" for b, n, c in PREFILL_SHAPES])
+def test_prefill(benchmark, batch, length, causal, kind):
+    benchmark.group = f"attention.prefill B={batch} L={length} {'causal' if causal else 'full'}"
+    rows = measured_prefill(batch, length, causal)[kind]
+    benchmark.extra_info.update({"case": prefill_case_id(batch, length, causal, kind), "family": "attention",
+                                 "batch": batch, "q_len": length, "kv_len": length, "causal": causal, "kind": kind,
+                                 "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": HEAD_DIM,
+                                 **record_prefill(rows)})
+    s = bench_attention._make_prefill_set(batch, length, HEADS_Q, HEADS_KV, HEAD_DIM)
+
+    def contiguous(s):
+        return ops.attn_prefill(s["q"], s["k"], s["v"], is_causal=causal)
+
+    def paged(s):
+        return ops.attn_paged_prefill(s["q"], s["k_cache"], s["v_cache"], s["page_table"], s["kv_lens"],
+                                      is_causal=causal)
+
+    step = {"contiguous": contiguous, "paged16": paged,
+            "contig-mma": bench_attention._prefill_kernel_knob("0", contiguous)}[kind]
+
+    def eager_call():
+        step(s)
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(eager_call, rounds=5, iterations=1, warmup_rounds=1)
+    s.clear()
+    torch.cuda.empty_cache()

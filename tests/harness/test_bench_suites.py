@@ -29,7 +29,8 @@ def test_every_suite_collects():
     per_file = {name: out.count(f"{name}::") for name in ("test_bench_rotary.py", "test_bench_quantize.py",
                                                           "test_bench_attention.py")}
     assert per_file == {"test_bench_rotary.py": 16, "test_bench_quantize.py": 2 * len(quantize.bench_quantize.CASES),
-                        "test_bench_attention.py": 2 * len(attention.DECODE_SHAPES)}, out[-2000:]
+                        "test_bench_attention.py": len(attention.DECODE_SHAPES) * len(attention.DECODE_KINDS) +
+                        len(attention.PREFILL_SHAPES) * len(attention.PREFILL_KINDS)}, out[-2000:]
 
 
 def test_case_names_are_unique_and_filed_by_family():
@@ -38,7 +39,9 @@ def test_case_names_are_unique_and_filed_by_family():
                    ("out_of_place", "in_place")],
         "quantize": [quantize.case_id(c, m, n) for m, n in quantize.SHAPES for c in quantize.bench_quantize.CASES],
         "attention": [attention.decode_case_id(b, n, k) for b, n in attention.DECODE_SHAPES
-                      for k in attention.DECODE_KINDS],
+                      for k in attention.DECODE_KINDS] +
+                     [attention.prefill_case_id(b, n, c, k) for b, n, c in attention.PREFILL_SHAPES
+                      for k in attention.PREFILL_KINDS],
     }
     for family, cases in names.items():
         assert len(set(cases)) == len(cases), family
@@ -69,6 +72,30 @@ def test_attention_anchor_is_cudnn_then_flash_and_never_absent():
     assert rec["anchor"] == "flash SDPA" and rec["ratio"] == pytest.approx(2.0)
     with pytest.raises(pytest.fail.Exception, match="no SDPA anchor"):
         attention.record([_decode_row(10.0, None, None)])
+
+
+def test_summarize_keeps_tflops_for_compute_bound_cases():
+    rows = [{"kernel_us": 100.0, "anchor_us": 80.0, "ceiling_us": 60.0, "tflops": t, "fraction": 0.6}
+            for t in (500.0, 520.0, 510.0)]
+    rec = gpu_timing.summarize(rows, anchor="cuDNN SDPA", ceiling="cuBLAS bf16")
+    assert rec["tflops"] == 510.0 and rec["tbps"] is None and rec["ceiling"] == "cuBLAS bf16"
+    assert "tflops" not in gpu_timing.summarize([{**rows[0], "tflops": None, "tbps": 3.0}], anchor="a", ceiling="c")
+
+
+def _prefill_row(kernel_us, cudnn_us, flash_us):
+    return {"kernel_us": kernel_us, "cudnn_us": cudnn_us, "flash_us": flash_us, "gemm_us": 60.0,
+            "kernel_tflops": 500.0, "flops": 5 * 10**10, "calls_per_graph": 9, "replays": 10}
+
+
+def test_prefill_record_takes_the_gemm_ceiling_and_the_same_anchor_rule():
+    rec = attention.record_prefill([_prefill_row(100.0, 80.0, 150.0), _prefill_row(100.0, 80.0, 150.0)])
+    assert rec["anchor"] == "cuDNN SDPA" and rec["ratio"] == pytest.approx(0.8)
+    assert rec["ceiling"] == "cuBLAS bf16" and rec["fraction_of_ceiling"] == pytest.approx(0.6)
+    assert rec["tflops"] == 500.0 and rec["ratio_vs_flash"] == pytest.approx(1.5) and rec["flops"] == 5 * 10**10
+    rec = attention.record_prefill([_prefill_row(100.0, None, 150.0), _prefill_row(100.0, 80.0, 150.0)])
+    assert rec["anchor"] == "flash SDPA" and rec["ratio"] == pytest.approx(1.5)
+    with pytest.raises(pytest.fail.Exception, match="no SDPA anchor"):
+        attention.record_prefill([_prefill_row(100.0, None, None)])
 
 
 def _bench_conftest():
