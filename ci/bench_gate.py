@@ -230,11 +230,23 @@ def update_baseline(run: dict, directory: Path, note: str, only: list[str] | Non
     return written
 
 
+def portable_paths(value):
+    """`value` with every absolute path string in it made portable (portable_source): what is committed never
+    names a directory of the machine that recorded it."""
+    if isinstance(value, dict):
+        return {k: portable_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable_paths(v) for v in value]
+    if isinstance(value, str) and value.startswith("/"):
+        return portable_source(value)
+    return value
+
+
 def record_history(run: dict, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = (run.get("date") or "undated")[:10]
     path = directory / f"{stamp}_{run.get('commit') or 'unknown'}.json"
-    path.write_text(json.dumps(run, indent=2) + "\n")
+    path.write_text(json.dumps(portable_paths(run), indent=2) + "\n")
     return path
 
 

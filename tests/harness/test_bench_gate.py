@@ -209,6 +209,8 @@ def test_stored_baselines_name_exactly_the_suites_cases():
         "quantize.": {quantize.case_id(c, m, n) for m, n in quantize.SHAPES for c in quantize.bench_quantize.CASES},
         "attention.decode[": {attention.decode_case_id(b, n, k) for b, n in attention.DECODE_SHAPES
                               for k in attention.DECODE_KINDS},
+        "attention.prefill[": {attention.prefill_case_id(b, n, c, k) for b, n, c in attention.PREFILL_SHAPES
+                               for k in attention.PREFILL_KINDS},
     }
     baseline = bench_gate.load_baseline(BASELINE)
     checked = 0
@@ -220,3 +222,22 @@ def test_stored_baselines_name_exactly_the_suites_cases():
             checked += 1
     if checked < len(suites):
         pytest.skip(f"{len(suites) - checked} family baseline(s) not recorded yet (the lead records them on the H200)")
+
+
+def test_history_names_no_path_of_the_recording_machine(tmp_path):
+    """A run stored in benchmarks/history keeps its data, but every absolute path in it (its source file, the
+    image directory in its environment) becomes repository-relative or a bare name."""
+    run = tmp_path / "run.json"
+    data = pytest_benchmark_json({"fam.a": (10.0, 0.01)})
+    data["machine_info"]["astrai"]["image"] = {"dir": str(ROOT / "astrai" / "extension" / "lib" / "cu130"),
+                                               "elsewhere": "/some/machine/out/lib/cu130", "name": "cu130"}
+    run.write_text(json.dumps(data))
+    history = tmp_path / "history"
+    bench_gate.main([str(run), "--baseline-dir", str(tmp_path), "--allow-no-baseline", "--record-history",
+                     str(history)])
+    (stored,) = history.iterdir()
+    text = stored.read_text()
+    assert str(tmp_path) not in text and "/some/machine" not in text
+    rec = json.loads(text)
+    assert rec["source"] == "run.json" and "fam.a" in rec["cases"]
+    assert rec["environment"]["image"] == {"dir": "astrai/extension/lib/cu130", "elsewhere": "cu130", "name": "cu130"}
