@@ -12,7 +12,9 @@ outside the timed region).
   (two matmuls of 2 FLOPs per multiply-add; kept pairs L^2, or L (L + 1) / 2 causal). Reported: TFLOP/s,
   the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time. At
   head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel (ASTRAI_PREFILL_SM90=0),
-  beside the sm_90a kernel that takes it on an H100/H200 by default.
+  beside the sm_90a kernel that takes it on an H100/H200 by default. The calls of one shape (anchors and
+  kernels) are timed in PREFILL_ROUNDS interleaved rounds, each round starting one call later, so that a drift
+  of the GPU's clock under sustained load is not charged to whichever call is timed last.
 
     python tests/bench/bench_attention.py --json attention.json          # from the repository root, on a GPU
     python tests/bench/bench_attention.py --only decode --shapes 1x4096 1x32768 16x4096 --replays 50
@@ -140,6 +142,7 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
 
 DEFAULT_PREFILL_SHAPES = ("1x2048", "1x8192", "8x2048", "8x8192")
 PREFILL_CHECK_ROWS = 256  # the last rows of sequence 0 checked against float32 torch before timing
+PREFILL_ROUNDS = 3  # interleaved timing rounds per shape (see the module docstring)
 
 
 def _make_prefill_set(batch, length, heads_q, heads_kv, head_dim) -> dict:
@@ -233,24 +236,35 @@ def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32,
     if head_dim == 128:  # the mma.sync kernel too, where an sm_90a one may take the call
         steps["contig-mma"] = _prefill_kernel_knob("0", steps["contiguous"])
     _check_prefill(s, causal, steps)
-    anchors = {}
-    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-        try:
-            anchors[name] = statistics.median(gpu_timing.time_graph(_sdpa_prefill_step(be, causal), [s], calls,
-                                                                    replays))
-        except RuntimeError as exc:  # the backend refuses these shapes here
-            print(f"bench_attention: {name} SDPA unavailable for prefill B={batch} L={length}: "
-                  f"{str(exc).splitlines()[0]}", file=sys.stderr)
-            anchors[name] = None
+    # Anchors and kernels in interleaved rounds (see the module docstring); an anchor that refuses the shapes
+    # (RuntimeError) is dropped.
+    timed = {"cudnn": _sdpa_prefill_step(SDPBackend.CUDNN_ATTENTION, causal),
+             "flash": _sdpa_prefill_step(SDPBackend.FLASH_ATTENTION, causal), **steps}
+    times: dict[str, list[float]] = {name: [] for name in timed}
+    names = list(timed)
+    per_round = max(1, math.ceil(replays / PREFILL_ROUNDS))
+    for rnd in range(PREFILL_ROUNDS):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            if name not in timed:
+                continue
+            try:
+                times[name] += gpu_timing.time_graph(timed[name], [s], calls, per_round)
+            except RuntimeError as exc:
+                if name in steps:
+                    raise
+                print(f"bench_attention: {name} SDPA unavailable for prefill B={batch} L={length}: "
+                      f"{str(exc).splitlines()[0]}", file=sys.stderr)
+                del timed[name]
+    anchors = {name: statistics.median(times[name]) if name in timed else None for name in ("cudnn", "flash")}
     rows = []
-    for kind, step in steps.items():
-        times = gpu_timing.time_graph(step, [s], calls, replays)
-        us = statistics.median(times)
+    for kind in steps:
+        us = statistics.median(times[kind])
         row = {"batch": batch, "q_len": length, "kv_len": length, "heads_q": heads_q, "heads_kv": heads_kv,
-               "head_dim": head_dim, "causal": causal, "kind": kind, "kernel_us": us, "kernel_us_min": min(times),
-               "kernel_us_max": max(times), "flops": flops, "kernel_tflops": flops / us / 1e6,
-               "cudnn_us": anchors["cudnn"], "flash_us": anchors["flash"], "calls_per_graph": calls,
-               "replays": replays, "paged_over_contiguous": None}
+               "head_dim": head_dim, "causal": causal, "kind": kind, "kernel_us": us,
+               "kernel_us_min": min(times[kind]), "kernel_us_max": max(times[kind]), "flops": flops,
+               "kernel_tflops": flops / us / 1e6, "cudnn_us": anchors["cudnn"], "flash_us": anchors["flash"],
+               "calls_per_graph": calls, "replays": per_round * PREFILL_ROUNDS, "rounds": PREFILL_ROUNDS,
+               "paged_over_contiguous": None}
         for name in ("cudnn", "flash"):
             a = anchors[name]
             row[f"{name}_tflops"] = None if a is None else flops / a / 1e6

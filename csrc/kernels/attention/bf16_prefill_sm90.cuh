@@ -526,7 +526,9 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         uint32_t* dst = reinterpret_cast<uint32_t*>(out + (int64_t(i) * p.out_seq_stride +
                                                            int64_t(hq) * p.out_head_stride));
 #pragma unroll
-        for (int n = 0; n < 16; ++n) dst[4 * n] = pack_bf16x2_rn(acc_o[4 * n + 2 * h] * inv, acc_o[4 * n + 2 * h + 1] * inv);
+        for (int n = 0; n < 16; ++n) {
+          dst[4 * n] = pack_bf16x2_rn(acc_o[4 * n + 2 * h] * inv, acc_o[4 * n + 2 * h + 1] * inv);
+        }
       }
     }
   }
