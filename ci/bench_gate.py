@@ -230,15 +230,18 @@ def update_baseline(run: dict, directory: Path, note: str, only: list[str] | Non
     return written
 
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/[^\s=,;'\"]+")  # a path in a string: alone, a word, after '='
+
+
 def portable_paths(value):
-    """`value` with every absolute path string in it made portable (portable_source): what is committed never
-    names a directory of the machine that recorded it."""
+    """`value` with every absolute path in its strings (a path, or one inside a command line) made portable
+    (portable_source): what is committed never names a directory of the machine that recorded it."""
     if isinstance(value, dict):
         return {k: portable_paths(v) for k, v in value.items()}
     if isinstance(value, list):
         return [portable_paths(v) for v in value]
-    if isinstance(value, str) and value.startswith("/"):
-        return portable_source(value)
+    if isinstance(value, str) and "/" in value:
+        return ABSOLUTE_PATH.sub(lambda m: portable_source(m.group(0)), value)
     return value
 
 

@@ -231,6 +231,8 @@ def test_history_names_no_path_of_the_recording_machine(tmp_path):
     data = pytest_benchmark_json({"fam.a": (10.0, 0.01)})
     data["machine_info"]["astrai"]["image"] = {"dir": str(ROOT / "astrai" / "extension" / "lib" / "cu130"),
                                                "elsewhere": "/some/machine/out/lib/cu130", "name": "cu130"}
+    data["machine_info"]["astrai"]["command"] = ("python3 /opt/venv/pytest/__main__.py tests/bench "
+                                                 "--benchmark-json=/some/machine/out/bench.json, see https://x.org/a")
     run.write_text(json.dumps(data))
     history = tmp_path / "history"
     bench_gate.main([str(run), "--baseline-dir", str(tmp_path), "--allow-no-baseline", "--record-history",
@@ -241,3 +243,5 @@ def test_history_names_no_path_of_the_recording_machine(tmp_path):
     rec = json.loads(text)
     assert rec["source"] == "run.json" and "fam.a" in rec["cases"]
     assert rec["environment"]["image"] == {"dir": "astrai/extension/lib/cu130", "elsewhere": "cu130", "name": "cu130"}
+    assert rec["environment"]["command"] == ("python3 __main__.py tests/bench --benchmark-json=bench.json, "
+                                             "see https://x.org/a")
