@@ -83,17 +83,24 @@ def decode_case_id(batch: int, length: int, kind: str) -> str:
     return f"attention.decode[B={batch},L={length},{kind}]"
 
 
-@functools.cache
-def measured_decode(batch: int, length: int) -> dict[str, list[dict]]:
-    """REPEATS runs of bench_attention.measure for one (B, L), each with the copy ceiling of the same bytes
-    measured right after it: rows keyed by kind."""
+def repeated(measure, ceiling_key: str, ceiling_of) -> dict[str, list[dict]]:
+    """REPEATS runs of measure() (rows, one per kind), each row given ceiling_of(its run's first row) under
+    ceiling_key, the ceiling measured right after that run: rows keyed by kind."""
     runs: dict[str, list[dict]] = {}
     for _ in range(REPEATS):
-        rows = bench_attention.measure(batch, length, heads_q=HEADS_Q, heads_kv=HEADS_KV, head_dim=HEAD_DIM)
-        copy_us = gpu_timing.time_copy(rows[0]["kv_bytes"])
+        rows = measure()
+        ceiling = ceiling_of(rows[0])
         for row in rows:
-            runs.setdefault(row["kind"], []).append({**row, "copy_us": copy_us})
+            runs.setdefault(row["kind"], []).append({**row, ceiling_key: ceiling})
     return runs
+
+
+@functools.cache
+def measured_decode(batch: int, length: int) -> dict[str, list[dict]]:
+    """bench_attention.measure for one (B, L), repeated, with the copy of the same bytes as the ceiling."""
+    return repeated(lambda: bench_attention.measure(batch, length, heads_q=HEADS_Q, heads_kv=HEADS_KV,
+                                                    head_dim=HEAD_DIM),
+                    "copy_us", lambda row: gpu_timing.time_copy(row["kv_bytes"]))
 
 
 @pytest.mark.requires_cuda_kernels("attention")
@@ -135,16 +142,10 @@ def prefill_case_id(batch: int, length: int, causal: bool, kind: str) -> str:
 
 @functools.cache
 def measured_prefill(batch: int, length: int, causal: bool) -> dict[str, list[dict]]:
-    """REPEATS runs of bench_attention.measure_prefill for one shape, each with the same-FLOPs GEMM measured right
-    after it: rows keyed by kind."""
-    runs: dict[str, list[dict]] = {}
-    for _ in range(REPEATS):
-        rows = bench_attention.measure_prefill(batch, length, causal, heads_q=HEADS_Q, heads_kv=HEADS_KV,
-                                               head_dim=HEAD_DIM)
-        gemm_us = gpu_timing.time_gemm(rows[0]["flops"])
-        for row in rows:
-            runs.setdefault(row["kind"], []).append({**row, "gemm_us": gemm_us})
-    return runs
+    """bench_attention.measure_prefill for one shape, repeated, with the same-FLOPs GEMM as the ceiling."""
+    return repeated(lambda: bench_attention.measure_prefill(batch, length, causal, heads_q=HEADS_Q,
+                                                            heads_kv=HEADS_KV, head_dim=HEAD_DIM),
+                    "gemm_us", lambda row: gpu_timing.time_gemm(row["flops"]))
 
 
 @pytest.mark.requires_cuda_kernels("attention")

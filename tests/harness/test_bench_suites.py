@@ -98,6 +98,17 @@ def test_prefill_record_takes_the_gemm_ceiling_and_the_same_anchor_rule():
         attention.record_prefill([_prefill_row(100.0, None, None)])
 
 
+def test_repeated_pairs_each_run_with_its_own_ceiling():
+    calls = iter(range(100))
+    runs = attention.repeated(lambda: [{"kind": k, "n": next(calls)} for k in ("a", "b")], "copy_us",
+                              lambda row: 1000 + row["n"])
+    assert runs == {"a": [{"kind": "a", "n": 0, "copy_us": 1000}, {"kind": "a", "n": 2, "copy_us": 1002},
+                          {"kind": "a", "n": 4, "copy_us": 1004}],
+                    "b": [{"kind": "b", "n": 1, "copy_us": 1000}, {"kind": "b", "n": 3, "copy_us": 1002},
+                          {"kind": "b", "n": 5, "copy_us": 1004}]}
+    assert attention.REPEATS == 3
+
+
 def _bench_conftest():
     spec = importlib.util.spec_from_file_location("bench_conftest_under_test", BENCH / "conftest.py")
     module = importlib.util.module_from_spec(spec)
