@@ -53,7 +53,8 @@ cudaError_t launch_sm90_variant(const PrefillParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const int64_t head_blocks = int64_t(p.num_kv_heads) * (group >> prefill_heads_log2(group));
   const int64_t items = int64_t(p.num_q_tiles) * head_blocks;  // <= INT32_MAX (checked by the launcher)
-  const int64_t blocks = items < sm90a_device_sms() ? items : sm90a_device_sms();
+  const int64_t sms = sm90a_device_sms();
+  const int64_t blocks = items < sms ? items : sms;
   if (blocks <= 0) return cudaSuccess;
   if (p.sched_counter_ptr != nullptr) {
     ASTRAI_CUDA_TRY(cudaMemsetAsync(p.sched_counter_ptr, 0, sizeof(int32_t), stream));
