@@ -57,6 +57,37 @@ struct PrefillSm90Traits {
 };
 static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a kernel takes the planned Q tiles");
 
+// Developer timeline (csrc/tools/prefill_sm90_trace.cu defines ASTRAI_PREFILL_SM90_TRACE; compiled out otherwise):
+// clock64 stamps into g_prefill_sm90_trace[block][item n < kTraceItems][role][slot]. Roles: 0 the producer's thread
+// 0, 1 + c consumer c's first thread, 3 consumer 0's per-tile stamps (slot j: tile j < 8 done).
+struct PrefillSm90Trace {
+  static constexpr int kItems = 64, kRoles = 4, kSlots = 8;
+  // role 0
+  static constexpr int kProdItem = 0, kProdQ = 1, kProdIssued = 2, kMaskBits = 6, kTiles = 7;
+  // roles 1, 2
+  static constexpr int kItem = 0, kQReady = 1, kFirstS = 2, kLoopEnd = 3, kLastPV = 4, kStored = 5, kK0Ready = 6,
+                       kTurn0 = 7;
+};
+#ifdef ASTRAI_PREFILL_SM90_TRACE
+__device__ unsigned long long* g_prefill_sm90_trace;
+__device__ __forceinline__ void prefill_sm90_trace(int role, int item, int slot, unsigned long long value) {
+  using T = PrefillSm90Trace;
+  if (g_prefill_sm90_trace != nullptr && item < T::kItems) {
+    g_prefill_sm90_trace[((int64_t(blockIdx.x) * T::kItems + item) * T::kRoles + role) * T::kSlots + slot] = value;
+  }
+}
+#define ASTRAI_SM90_TRACE_VALUE(cond, role, item, slot, value) \
+  do {                                                         \
+    if (cond) prefill_sm90_trace(role, item, slot, value);     \
+  } while (0)
+#else
+#define ASTRAI_SM90_TRACE_VALUE(cond, role, item, slot, value) \
+  do {                                                         \
+    (void)(cond);                                              \
+  } while (0)
+#endif
+#define ASTRAI_SM90_TRACE(cond, role, item, slot) ASTRAI_SM90_TRACE_VALUE(cond, role, item, slot, clock64())
+
 // Byte offset of 16-byte chunk c (0..15) of row r in a two-half operand of `half_bytes` per half.
 __device__ __forceinline__ uint32_t sm90_tile_offset(int r, int c, uint32_t half_bytes) {
   return uint32_t(c >> 3) * half_bytes + uint32_t(r) * 128u + (uint32_t((c & 7) ^ (r & 7)) << 4);
@@ -235,9 +266,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       item_slot[slot] = int32_t(w < num_items ? w : num_items);
       mbarrier_arrive(item_full + slot);
     };
-    for (int n = 0;; ++n) {
-      if (tid == 0) publish_item(n);
-      const int64_t w = read_item(n);
+    for (int item_no = 0;; ++item_no) {
+      if (tid == 0) publish_item(item_no);
+      const int64_t w = read_item(item_no);
+      ASTRAI_SM90_TRACE(tid == 0, 0, item_no, PrefillSm90Trace::kProdItem);
       if (w >= num_items) break;
       const QTile qt = locate_q_tile<kBM, kRaggedQ>(p, unsigned(w));
       if (qt.b < 0) continue;  // idle item
@@ -300,6 +332,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       // last S, while the tile's stages free earlier.
       auto copy_q = [&]() {
         if (q_loads > 0) mbarrier_wait(q_empty, (q_loads - 1u) & 1u);
+        ASTRAI_SM90_TRACE(tid == 0, 0, item_no, PrefillSm90Trace::kProdQ);
         ++q_loads;
         const int64_t q_off = kRaggedQ ? int64_t(qt.seq_lo) * p.q_seq_stride : int64_t(b) * p.q_batch_stride;
         // Packed rows m = rg + 8 r: HB <= 4 divides 8, so all are head qh0 + rg % HB, sequence rows i0 + r 8 / HB
@@ -354,6 +387,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       copy_kv(0);
       copy_q();  // peeled: the Q tile's values are dead in the loop
       for (int j = 1; j < n_tiles; ++j) copy_kv(j);
+      ASTRAI_SM90_TRACE(tid == 0, 0, item_no, PrefillSm90Trace::kProdIssued);
+      ASTRAI_SM90_TRACE_VALUE(tid == 0, 0, item_no, PrefillSm90Trace::kTiles, n_tiles);
     }
     cp_async_wait<0>();
     return;
@@ -416,8 +451,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   int stage = 0;         // the block's tile count % 3
   uint32_t phase = 0;    // parity of the current use of stage
   uint32_t q_uses = 0;   // Q tiles read by this block
-  for (int n = 0;; ++n) {
-    const int64_t w = read_item(n);
+  for (int item_no = 0;; ++item_no) {
+    const int64_t w = read_item(item_no);
+    const bool tracer = (tid & 127) == 0;  // the trace's stamping thread of this consumer (compiled out normally)
+    ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kItem);
     if (w >= num_items) break;
     QTile qt = locate_q_tile<kBM, kRaggedQ>(p, unsigned(w));
     if (qt.b < 0) continue;  // idle item
@@ -513,12 +550,17 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     // runs; then rescales O and rounds P_j.
     if (n_tiles > 0) {
       mbarrier_wait(q_full, q_uses & 1u);
+      ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kQReady);
       ++q_uses;
     }
     int prev_stage = 0;
     uint32_t prev_phase = 0;  // parity of the use of prev_stage
+#ifdef ASTRAI_PREFILL_SM90_TRACE
+    unsigned long long masked_tiles = 0;  // bit j: tile j took apply_mask
+#endif
     for (int j = 0; j < n_tiles; ++j) {
       mbarrier_wait(k_full + stage, phase);
+      ASTRAI_SM90_TRACE(tracer && j == 0, 1 + c, item_no, PrefillSm90Trace::kK0Ready);
       if (j > 0) mbarrier_wait(v_full + prev_stage, prev_phase);
       fence_proxy_async_smem();  // the copies (generic proxy) before the tensor cores' reads (async proxy)
       // Paged: byte g of page_bad is nonzero when row group g of the tile lies on an invalid page.
@@ -528,6 +570,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
 
       float s[64];
       named_barrier_sync(my_turn, 256);
+      ASTRAI_SM90_TRACE(tracer && j == 0, 1 + c, item_no, PrefillSm90Trace::kTurn0);
       wgmma_fence();  // pa and acc_o were written since the last wgmma
       // Each wait sits in the branch of its issues: ptxas proves the accumulators ready per path (a wait<1> that
       // a path without P V could reach would make it serialize every wgmma).
@@ -540,6 +583,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         issue_s(s, stage);
         named_barrier_arrive(their_turn, 256);
         wgmma_wait<0>();
+        ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kFirstS);
       }
       mbarrier_arrive(k_empty + stage);  // K_j read
       if (j == n_tiles - 1) mbarrier_arrive(q_empty);  // Q read for the last time: the next item's may land
@@ -551,6 +595,9 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
           has_mask || any_bad || n0 + kBN > kv_len || (p.is_causal && n0 + kBN - 1 > pos0);
       float alpha[2];
       if (need_mask) apply_mask(s, j, page_bad);
+#ifdef ASTRAI_PREFILL_SM90_TRACE
+      if (need_mask && j < 64) masked_tiles |= 1ull << j;
+#endif
       const bool moved = softmax(s, alpha);
       wgmma_wait<0>();  // P_{j-1} V_{j-1} done: O and pa are free, and so is tile j - 1
       fence_pv_operands();
@@ -565,6 +612,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         pa[n / 2][(n % 2) * 2] = pack_bf16x2_rn(s[4 * n], s[4 * n + 1]);
         pa[n / 2][(n % 2) * 2 + 1] = pack_bf16x2_rn(s[4 * n + 2], s[4 * n + 3]);
       }
+      ASTRAI_SM90_TRACE(tid == 128 && j < PrefillSm90Trace::kSlots, 3, item_no, j);
       prev_stage = stage;
       prev_phase = phase;
       if (++stage == kStages) {
@@ -572,6 +620,8 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         phase ^= 1u;
       }
     }
+    ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kLoopEnd);
+    ASTRAI_SM90_TRACE_VALUE(tid == 128, 0, item_no, PrefillSm90Trace::kMaskBits, masked_tiles);
     if (n_tiles > 0) {
       mbarrier_wait(v_full + prev_stage, prev_phase);
       fence_proxy_async_smem();
@@ -581,6 +631,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       fence_pv_operands();
       mbarrier_arrive(v_empty + prev_stage);  // V of the last tile read
     }
+    ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kLastPV);
 
     // ---- epilogue: O / l to bf16, stored from registers, 16 bytes per thread and store ---------------------
     // Shared memory stays the producer's: the next item's Q and tiles land meanwhile. A quad holds column pairs
@@ -612,6 +663,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         if (i < qt.q_len) *reinterpret_cast<uint4*>(dst + 32 * k) = make_uint4(cols[0], cols[1], cols[2], cols[3]);
       }
     }
+    ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kStored);
   }
   if (c == 0) named_barrier_sync(3, 256);  // consumer 1's last pass
 #else
