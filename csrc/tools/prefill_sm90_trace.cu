@@ -171,7 +171,9 @@ int trace_shape(int batch, int len, bool causal, int sms) {
   std::printf("items traced %.0f (the first %d per block), mean tiles per item %.2f; blocks' busy spans %lld .. %lld "
               "cycles\n", count[0], Tr::kItems, tiles / count[0], span_min, span_max);
   std::printf("%-36s %10s %10s   (cycles, mean per item)\n", "phase", "consumer 0", "consumer 1");
-  for (int i = 0; i < 9; ++i) std::printf("%-36s %10.0f %10.0f\n", names[i], sum[0][i] / count[0], sum[1][i] / count[1]);
+  for (int i = 0; i < 9; ++i) {
+    std::printf("%-36s %10.0f %10.0f\n", names[i], sum[0][i] / count[0], sum[1][i] / count[1]);
+  }
   std::printf("%-36s", "tile j of consumer 0:");
   for (int j = 1; j < Tr::kSlots; ++j) std::printf(" %6d", j);
   for (int m = 0; m < 2; ++m) {
