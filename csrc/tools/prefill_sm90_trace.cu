@@ -121,6 +121,7 @@ int trace_shape(int batch, int len, bool causal, int sms) {
                          "K_0 landed -> tensor-core turn", "turn -> S_0 done", "loop, per tile after the first",
                          "loop end -> last P V done", "last P V -> O stored", "item, read to stored"};
   double sum[2][9] = {}, count[2] = {}, tiles = 0;
+  double q_issue_to_landed = 0, q_count = 0;  // producer's Q copies start (after q_empty) -> consumer 0 sees Q
   double tile_sum[8][2] = {}, tile_count[8][2] = {};
   long long span_min = -1, span_max = 0;
   for (int block = 0; block < sms; ++block) {
@@ -152,6 +153,10 @@ int trace_shape(int batch, int len, bool causal, int sms) {
           last = at(block, n, role, Tr::kStored);
         }
       }
+      if (n > 0 && at(block, n, 0, Tr::kProdQ) != 0 && at(block, n, 1, Tr::kQReady) != 0) {
+        q_issue_to_landed += double(at(block, n, 1, Tr::kQReady) - at(block, n, 0, Tr::kProdQ));
+        q_count += 1;
+      }
       const unsigned long long masked = static_cast<unsigned long long>(at(block, n, 0, Tr::kMaskBits));
       for (int j = 1; j < Tr::kSlots && j < nt; ++j) {
         const int m = int((masked >> j) & 1u);
@@ -174,6 +179,8 @@ int trace_shape(int batch, int len, bool causal, int sms) {
   for (int i = 0; i < 9; ++i) {
     std::printf("%-36s %10.0f %10.0f\n", names[i], sum[0][i] / count[0], sum[1][i] / count[1]);
   }
+  std::printf("%-36s %10.0f   (producer's Q copies start -> consumer 0 sees Q, items after the first)\n",
+              "Q copied -> Q landed", q_count > 0 ? q_issue_to_landed / q_count : 0.0);
   std::printf("%-36s", "tile j of consumer 0:");
   for (int j = 1; j < Tr::kSlots; ++j) std::printf(" %6d", j);
   for (int m = 0; m < 2; ++m) {
