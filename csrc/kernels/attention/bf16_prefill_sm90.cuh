@@ -487,10 +487,11 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const int di = (my_row0 + 8 * h) >> hb_log2;
         const int i = row0 + di;
+        const int row_lim = masked_row_limit(p, i, di, q_len_b, kv_len, pos0, n0);
         // This lane's column 8 n + 2 (lane % 4) + e is kept iff 8 n + e < lim (and its keep bit: a mask, pages).
-        const int lim = masked_row_limit(p, i, di, q_len_b, kv_len, pos0, n0) - 2 * (lane & 3);
+        const int lim = row_lim - 2 * (lane & 3);
         if (kPaged || has_mask) {
-          const uint32_t mask_keep = has_mask ? mask_row_keep<16>(p, b, i, n0, lim + 2 * (lane & 3), lane) : ~0u;
+          const uint32_t mask_keep = has_mask ? mask_row_keep<16>(p, b, i, n0, row_lim, lane) : ~0u;
           const uint32_t keep = mask_keep & page_keep;
 #pragma unroll
           for (int n = 0; n < 16; ++n)

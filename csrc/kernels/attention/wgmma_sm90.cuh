@@ -115,7 +115,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const 
 #endif
 }
 
-
 // ---- warp specialization: mbarriers, named barriers, register reallocation, cp.async into an mbarrier ------
 
 // Initializes an mbarrier (8 bytes of shared memory, 8-byte aligned) expecting `count` arrivals per phase.
