@@ -899,6 +899,9 @@ int run_bench(const cudaDeviceProp& prop) {
   std::printf("bench: %s, GQA 32/8, D=128, dense Q, CUDA events, median of repeats after warm-up\n", prop.name);
   std::printf("ASTRAI_PREFILL_SM90=%s (unset or 1: the sm_90a kernel where it applies; 0: mma.sync)\n",
               knob ? knob : "unset");
+  const char* tma_knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
+  std::printf("ASTRAI_PREFILL_SM90_TMA=%s (unset or 1: whole contiguous K/V tiles by TMA; 0: cp.async only)\n",
+              tma_knob ? tma_knob : "unset");
   std::printf("%-3s %-6s %-7s %-11s %-8s %12s %10s %8s\n", "B", "L", "causal", "kv", "sched", "us", "TFLOP/s",
               "bitwise");
   const int Hq = 32, Hkv = 8, D = 128, ps = 16;
@@ -1041,15 +1044,18 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = make_cases(opts.small, rng);
   int failed = 0, index = 0;
   // On compute capability 9.0 the launcher takes the sm_90a wgmma kernel at head_dim 128 (where the image has its
-  // code): a second pass runs it without the tile counter (its fixed order), a third with ASTRAI_PREFILL_SM90=0
-  // runs the table on the mma.sync kernel too.
+  // code): a second pass runs it without the tile counter (its fixed order) and with every K/V tile copied by
+  // cp.async (ASTRAI_PREFILL_SM90_TMA=0; the first pass copies whole contiguous tiles by TMA), a third with
+  // ASTRAI_PREFILL_SM90=0 runs the table on the mma.sync kernel too.
   const int passes = prop.major == 9 && prop.minor == 0 ? 3 : 1;
   for (int pass = 0; pass < passes; ++pass) {
     if (pass == 1) {
       g_sched_counter = false;
-      std::printf("second pass, no tile counter (the sm_90a kernel's fixed order)\n");
+      setenv("ASTRAI_PREFILL_SM90_TMA", "0", 1);
+      std::printf("second pass, no tile counter (the sm_90a kernel's fixed order), K/V by cp.async only\n");
     } else if (pass == 2) {
       g_sched_counter = true;
+      unsetenv("ASTRAI_PREFILL_SM90_TMA");
       setenv("ASTRAI_PREFILL_SM90", "0", 1);
       std::printf("third pass, ASTRAI_PREFILL_SM90=0 (head_dim 128 on the mma.sync kernel)\n");
     }

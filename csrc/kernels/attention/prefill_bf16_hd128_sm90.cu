@@ -1,6 +1,7 @@
 // sm_90a prefill launcher (head_dim 128, wgmma): when it applies, and the launch. Compiled for every arch of the
 // image like the rest of the family; only the sm_90a pass has a kernel body (bf16_prefill_sm90.cuh).
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,6 +45,63 @@ int sm90a_device_sms() {
   return sms;
 }
 
+// cuTensorMapEncodeTiled, reached through the runtime (the image links no driver library); null if the driver
+// has none. Looked up once per process.
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+TensorMapEncodeTiled tensor_map_encoder() {
+  static const TensorMapEncodeTiled encoder = []() -> TensorMapEncodeTiled {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // clear a failed lookup's error
+      return nullptr;
+    }
+    return reinterpret_cast<TensorMapEncodeTiled>(fn);
+  }();
+  return encoder;
+}
+
+// One of contiguous K / V as a 4-D tensor (head_dim, kv heads, keys, sequences; strides in elements) in boxes of
+// 64 columns x 128 keys with the 128-byte swizzle of the kernel's tiles. Ragged K/V is one sequence of Tkv keys.
+// False where TMA cannot describe it (addresses or strides not multiples of 16 bytes, a zero stride).
+bool encode_kv_map(CUtensorMap* map, const void* ptr, const PrefillParams& p, int64_t head_stride, int64_t seq_stride,
+                   int64_t batch_stride) {
+  const TensorMapEncodeTiled encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const bool ragged = p.kv_indptr_ptr != nullptr;
+  const int64_t seqs = ragged ? 1 : p.batch;
+  const int64_t strides[3] = {head_stride * 2, seq_stride * 2, ragged ? seq_stride * 2 * p.max_kv_len : batch_stride * 2};
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || p.max_kv_len <= 0 || seqs <= 0) return false;
+  for (const int64_t stride : strides) {
+    if (stride <= 0 || stride % 16 != 0 || stride >= (int64_t(1) << 40)) return false;
+  }
+  using Tr = PrefillSm90Traits;
+  const cuuint64_t dims[4] = {cuuint64_t(Tr::kHeadDim), cuuint64_t(p.num_kv_heads), cuuint64_t(p.max_kv_len),
+                              cuuint64_t(seqs)};
+  const cuuint64_t byte_strides[3] = {cuuint64_t(strides[0]), cuuint64_t(strides[1]), cuuint64_t(strides[2])};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(Tr::kBN), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, byte_strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The K/V descriptors of a contiguous call, enabled unless ASTRAI_PREFILL_SM90_TMA=0 (read at each launch) or
+// TMA cannot describe K or V; paged K/V never (its tiles gather pages).
+PrefillSm90KvMaps kv_maps(const PrefillParams& p) {
+  PrefillSm90KvMaps maps{};
+  const char* knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
+  if (p.paged || (knob != nullptr && std::strcmp(knob, "0") == 0)) return maps;
+  maps.enabled = encode_kv_map(&maps.k, p.k_ptr, p, p.k_head_stride, p.k_seq_stride, p.k_batch_stride) &&
+                 encode_kv_map(&maps.v, p.v_ptr, p, p.v_head_stride, p.v_seq_stride, p.v_batch_stride);
+  return maps;
+}
+
 // Persistent: one block per SM (the kernel's shared memory allows no second), at most one per work item.
 template <bool kRaggedQ, bool kPaged>
 cudaError_t launch_sm90_variant(const PrefillParams& p, cudaStream_t stream) {
@@ -59,7 +117,7 @@ cudaError_t launch_sm90_variant(const PrefillParams& p, cudaStream_t stream) {
   if (p.sched_counter_ptr != nullptr) {
     ASTRAI_CUDA_TRY(cudaMemsetAsync(p.sched_counter_ptr, 0, sizeof(int32_t), stream));
   }
-  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  kernel<<<unsigned(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, kv_maps(p));
   return cudaGetLastError();
 }
 

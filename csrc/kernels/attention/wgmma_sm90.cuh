@@ -115,7 +115,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const 
 #endif
 }
 
-// ---- warp specialization: mbarriers, named barriers, register reallocation, cp.async into an mbarrier ------
+// ---- warp specialization: mbarriers, named barriers, register reallocation, cp.async and TMA into an mbarrier
 
 // Initializes an mbarrier (8 bytes of shared memory, 8-byte aligned) expecting `count` arrivals per phase.
 // Publish with a block barrier before any other thread uses it.
@@ -134,6 +134,32 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
 #if ASTRAI_WGMMA
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// Holds the current phase open until every cp.async this thread issued before it has landed, without counting as
+// an arrival (the pending count rises by one now and falls when the copies land).
+__device__ __forceinline__ void cp_async_mbarrier_hold(uint64_t* bar) {
+#if ASTRAI_WGMMA
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// One arrival that also expects `bytes` more of asynchronous (TMA) transfer in the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if ASTRAI_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+// TMA: the box of a 4-D tensor map (a __grid_constant__ kernel parameter) at coordinates c0..c3 (innermost
+// first) into shared memory at dst, laid out as the map says (swizzle included); completes its bytes on bar.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+#if ASTRAI_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
 #endif
 }
 // Waits (acquire) until the phase of parity `parity` has completed.

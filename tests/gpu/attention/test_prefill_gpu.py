@@ -511,6 +511,52 @@ def test_prefill_kernel_knob(monkeypatch, paged, causal):
     assert_bitwise_equal(ops.attn_prefill(q64, k64, v64, is_causal=causal), off, "head_dim 64 ignores the knob")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["dense-lens", "dense-whole-tiles", "views", "ragged"])
+def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
+    """The sm_90a kernel copies whole tiles of contiguous K/V by TMA and the rest by cp.async;
+    ASTRAI_PREFILL_SM90_TMA=0 copies every tile by cp.async. The same bytes land either way: the same bits, both
+    at the truth. Keys past each sequence's length hold NaN in the dense case: a tile that reaches past them must
+    not be copied by TMA (cp.async zero-fills them). Elsewhere the knob changes nothing."""
+    if layout == "ragged":
+        q_lens = [70, 10, 300]
+        q, k, v, qo, kv, ks, vs = ragged_inputs(q_lens, [100, 10, 500], (32, 8), 128)
+
+        def run():
+            return ops.attn_prefill_ragged(q, k, v, qo, kv, is_causal=causal)
+
+        def check(out, what):
+            check_ragged(out, q, ks, vs, q_lens, is_causal=causal, what=what)
+    else:
+        lens = None
+        if layout == "dense-lens":
+            q, k, v = rand_bf16(3, 150, 32, 128), rand_bf16(3, 400, 8, 128), rand_bf16(3, 400, 8, 128)
+            lens = i32([400, 150, 37])
+            for b, n in enumerate(lens.tolist()):
+                k[b, n:], v[b, n:] = float("nan"), float("nan")
+        elif layout == "dense-whole-tiles":
+            q, k, v = rand_bf16(2, 384, 32, 128), rand_bf16(2, 384, 8, 128), rand_bf16(2, 384, 8, 128)
+        else:  # K and V interleaved in one buffer, q heads of a fused projection
+            qkv, kvs = rand_bf16(2, 50, 48, 128), rand_bf16(2, 300, 2, 8, 128)
+            q, k, v = qkv[:, :, :32], kvs[:, :, 0], kvs[:, :, 1]
+            lens = i32([300, 120])
+
+        def run():
+            return ops.attn_prefill(q, k, v, lens, is_causal=causal)
+
+        def check(out, what):
+            check_dense(out, q, k, v, kv_lens=lens, is_causal=causal, what=what)
+
+    default = run()
+    monkeypatch.setenv("ASTRAI_PREFILL_SM90_TMA", "0")
+    copied = run()
+    monkeypatch.delenv("ASTRAI_PREFILL_SM90_TMA")
+    assert_bitwise_equal(copied, default, f"{layout}: ASTRAI_PREFILL_SM90_TMA=0 vs default")
+    assert_detects_perturbation(default)
+    assert torch.isfinite(default).all(), f"{layout}: non-finite output"
+    check(default, f"{layout}, default copies")
+
+
 # --- bitwise suites -------------------------------------------------------------------------------------------
 
 def _runner(kind):
