@@ -197,7 +197,7 @@ __device__ __forceinline__ void quad_transpose4(uint32_t (&v)[4], int q) {
 // slot n % 2 (item_full[n % 2]); all 384 threads read it and arrive on item_empty, which the slot's next writer
 // waits. K and V rings, stage s = t % 3 over the block's t-th tile of all its items: full[s] completes when the
 // tile has landed (each producer thread arrives for its cp.async, and for K once more for its page flags; with
-// TMA, thread 0 arrives once, with the tile's bytes to come, and holds the phase open for cp.async tiles),
+// TMA, thread 0 arrives once: with the tile's bytes to come, or after the producers' cp.async of a partial tile),
 // empty[s] when both consumers are done with it (every consumer thread arrives: K after S, V after P V). q_full
 // when an item's Q has landed, q_empty when both consumers have read it for their last S. Named barriers 3 and 4
 // pass the tensor cores between the consumers, across items.
@@ -400,13 +400,16 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
             tma_load_4d(sV + Tr::kHalfKV, &maps.v, v_full + stage, 64, qt.kvh, key, keys.kv_batch);
           }
         } else if (tma) {  // the last, partial tile: cp.async zero-fills past kv_len; thread 0's one arrival
+          // once every producer thread's copies have landed (an asynchronous arrival that only holds the phase
+          // open, cp.async.mbarrier.arrive without .noinc, from threads that never wait on the barrier, is what
+          // compute-sanitizer's synccheck rejects as a missing wait)
           if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
           copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride, nullptr);
-          cp_async_mbarrier_hold(k_full + stage);
           if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
           copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
-          cp_async_mbarrier_hold(v_full + stage);
-          named_barrier_sync(1, 128);  // every producer thread's hold taken before the arrivals below
+          cp_async_commit();
+          cp_async_wait<0>();
+          named_barrier_sync(1, 128);
           if (tid == 0) {
             mbarrier_arrive(k_full + stage);
             mbarrier_arrive(v_full + stage);

@@ -136,13 +136,6 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 #endif
 }
-// Holds the current phase open until every cp.async this thread issued before it has landed, without counting as
-// an arrival (the pending count rises by one now and falls when the copies land).
-__device__ __forceinline__ void cp_async_mbarrier_hold(uint64_t* bar) {
-#if ASTRAI_WGMMA
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
 // One arrival that also expects `bytes` more of asynchronous (TMA) transfer in the current phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #if ASTRAI_WGMMA
