@@ -512,12 +512,12 @@ def test_prefill_kernel_knob(monkeypatch, paged, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("layout", ["dense-lens", "dense-whole-tiles", "views", "ragged", "paged16", "paged128"])
+@pytest.mark.parametrize("layout", ["dense-lens", "dense-whole-tiles", "views", "ragged"])
 def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
-    """The sm_90a kernel copies whole K/V tiles (paged: on valid pages) by TMA and the rest by cp.async;
+    """The sm_90a kernel copies whole tiles of contiguous K/V by TMA and the rest by cp.async;
     ASTRAI_PREFILL_SM90_TMA=0 copies every tile by cp.async. The same bytes land either way: the same bits, both
-    at the truth. Keys past each sequence's length hold NaN in the dense and paged cases: a tile that reaches past
-    them must not be copied by TMA (cp.async zero-fills them). Elsewhere the knob changes nothing."""
+    at the truth. Keys past each sequence's length hold NaN in the dense case: a tile that reaches past them must
+    not be copied by TMA (cp.async zero-fills them). Elsewhere the knob changes nothing."""
     if layout == "ragged":
         q_lens = [70, 10, 300]
         q, k, v, qo, kv, ks, vs = ragged_inputs(q_lens, [100, 10, 500], (32, 8), 128)
@@ -527,18 +527,6 @@ def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
 
         def check(out, what):
             check_ragged(out, q, ks, vs, q_lens, is_causal=causal, what=what)
-    elif layout.startswith("paged"):
-        q, k, v = rand_bf16(3, 150, 32, 128), rand_bf16(3, 400, 8, 128), rand_bf16(3, 400, 8, 128)
-        lens = i32([400, 150, 37])
-        for b, n in enumerate(lens.tolist()):
-            k[b, n:], v[b, n:] = float("nan"), float("nan")
-        k_cache, v_cache, table = make_paged(k, v, int(layout[5:]))
-
-        def run():
-            return ops.attn_paged_prefill(q, k_cache, v_cache, table, lens, is_causal=causal)
-
-        def check(out, what):
-            check_dense(out, q, k, v, kv_lens=lens, is_causal=causal, what=what)
     else:
         lens = None
         if layout == "dense-lens":
