@@ -53,21 +53,18 @@ struct PrefillSm90Traits {
   static constexpr uint32_t kBarOffset = kQBytes + kStages * 2 * kTileBytes;
   static constexpr uint32_t kItemOffset = kBarOffset + 4 * kStages * 8 + 2 * 8 + 4 * 8;
   static constexpr uint32_t kFlagOffset = kBarOffset + 256;  // page flags: [stage][group] bytes, 16-byte aligned
-  static constexpr uint32_t kIdsOffset = kFlagOffset + 64;    // paged TMA: a tile's page ids [2][group] int32
-  static constexpr int kSmemBytes = int(kIdsOffset) + 2 * kGroups * 4 + 1024;  // + alignment slack
-  static_assert(kStages * kGroups <= 64, "page flags fit their region");
+  static constexpr int kSmemBytes = int(kFlagOffset) + kStages * kGroups + 1024;  // + alignment slack
   static_assert(kBN == kBM && 128 / kChunks * 2 * kGroupRows == kBN, "a producer thread copies two row groups");
   static_assert(kItemOffset + 2 * 4 <= kFlagOffset, "barriers and item slots fit their region");
 };
 static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a kernel takes the planned Q tiles");
 
-// TMA descriptors of K and V, each a 4-D tensor (head_dim, kv heads, keys, sequences or pages) read in boxes of
-// 64 columns x `box_rows` keys with the 128-byte swizzle (a half of a K/V tile; paged: of one page's part of it).
-// With `enabled`, the producer's thread 0 copies every K/V tile that lies wholly below the sequence's key count
-// (paged: on valid pages) by TMA (per half one instruction, or one per page, instead of 16 cp.async per producer
-// thread: 2-6% faster on the H200); the rest by cp.async, which zero-fills the keys past the sequence and on
-// invalid pages (V rows there must be finite). Without it (the launcher could not encode them, or
-// ASTRAI_PREFILL_SM90_TMA=0), every tile by cp.async: the same bits.
+// TMA descriptors of contiguous K and V, each a 4-D tensor (head_dim, kv heads, keys, sequences) read in boxes of
+// 64 columns x 128 keys with the 128-byte swizzle (one half of a K/V tile). With `enabled`, the producer's thread 0
+// copies every K/V tile that lies wholly below the sequence's key count by TMA (one instruction per half instead
+// of 16 cp.async per producer thread: 3-4% faster on the H200); the tile past the last whole one, and paged K/V,
+// by cp.async, which zero-fills the keys past the sequence (V rows there must be finite). Without it (the
+// launcher could not encode them, or ASTRAI_PREFILL_SM90_TMA=0), every tile by cp.async: the same bits.
 struct PrefillSm90KvMaps {  // 128-byte aligned (CUtensorMap)
   CUtensorMap k;
   CUtensorMap v;
@@ -227,13 +224,12 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   uint64_t* const item_empty = item_full + 2;  // [2]
   volatile int32_t* const item_slot = reinterpret_cast<volatile int32_t*>(smem + Tr::kItemOffset);  // [2]
   uint8_t* const page_flags = smem + Tr::kFlagOffset;
-  int32_t* const tile_page_ids = reinterpret_cast<int32_t*>(smem + Tr::kIdsOffset);
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
   const int group = p.num_q_heads / p.num_kv_heads;
   const int64_t num_items = int64_t(p.num_q_tiles) * (p.num_kv_heads * (group >> prefill_heads_log2(group)));
 
-  const bool tma = maps.enabled != 0;
+  const bool tma = !kPaged && maps.enabled != 0;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       // Per producer thread: its copies landed, and (K) its page flags written; with TMA, thread 0's arrival.
@@ -389,59 +385,34 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
             next_ids[1] = group_page_id(j + 1, 1);
           }
         }
-        if (tma) {
+        if (tma && (j + 1) * kBN <= kv_len) {  // a whole tile: two TMA boxes each for K and V, from thread 0
+          const int key = keys.kv_key0 + j * kBN;
           if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
-          bool whole = (j + 1) * kBN <= kv_len;  // block-uniform
-          if constexpr (kPaged) {
-            // This stage's page flags (its last tile's S is done) and, for thread 0, the tile's page ids; whole
-            // only when every row group lies on a valid page. The barrier orders these stores before thread 0's
-            // arrivals.
-            bool valid_pages = true;
-#pragma unroll
-            for (int g = 0; g < 2; ++g) {
-              const bool valid = ids[g] >= 0 && ids[g] < p.num_pages;
-              valid_pages = valid_pages && valid;
-              if (chunk == 0) {
-                page_flags[stage * Tr::kGroups + 8 * g + rg] = uint8_t(!valid && j * kBN + 64 * g + 8 * rg < kv_len);
-                tile_page_ids[(issued & 1u) * Tr::kGroups + 8 * g + rg] = ids[g];
-              }
-            }
-            whole = named_barrier_and(1, 128, valid_pages) && whole;
+          if (tid == 0) {
+            mbarrier_arrive_expect_tx(k_full + stage, Tr::kTileBytes);
+            tma_load_4d(sK, &maps.k, k_full + stage, 0, qt.kvh, key, keys.kv_batch);
+            tma_load_4d(sK + Tr::kHalfKV, &maps.k, k_full + stage, 64, qt.kvh, key, keys.kv_batch);
           }
-          if (whole) {  // TMA boxes from thread 0: per half, the tile (contiguous) or each page's rows of it
-            // Paged: segments of min(page_size, 128) rows, segment s on the page of row group s seg / 8.
-            const int seg_log2 = kPaged ? min(p.page_size_log2, 7) : 7;
-            auto tma_tile = [&](uint32_t dst, const CUtensorMap* map, uint64_t* bar) {
-              mbarrier_arrive_expect_tx(bar, Tr::kTileBytes);
-              for (int sgm = 0; sgm < (kBN >> seg_log2); ++sgm) {
-                const int row = sgm << seg_log2;
-                int key = keys.kv_key0 + j * kBN + row, outer = keys.kv_batch;
-                if constexpr (kPaged) {
-                  key = (j * kBN + row) & ((1 << p.page_size_log2) - 1);
-                  outer = tile_page_ids[(issued & 1u) * Tr::kGroups + row / kGroupRows];
-                }
-                const uint32_t at = dst + uint32_t(row) * 128u;
-                tma_load_4d(at, map, bar, 0, qt.kvh, key, outer);
-                tma_load_4d(at + Tr::kHalfKV, map, bar, 64, qt.kvh, key, outer);
-              }
-            };
-            if (tid == 0) tma_tile(sK, &maps.k, k_full + stage);
-            if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
-            if (tid == 0) tma_tile(sV, &maps.v, v_full + stage);
-          } else {  // cp.async, which zero-fills past kv_len and on invalid pages; thread 0's one arrival once
-            // every producer thread's copies have landed (an asynchronous arrival that only holds the phase open,
-            // cp.async.mbarrier.arrive without .noinc, from threads that never wait on the barrier, is what
-            // compute-sanitizer's synccheck rejects as a missing wait)
-            copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride, nullptr);
-            if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
-            copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
-            cp_async_commit();
-            cp_async_wait<0>();
-            named_barrier_sync(1, 128);
-            if (tid == 0) {
-              mbarrier_arrive(k_full + stage);
-              mbarrier_arrive(v_full + stage);
-            }
+          if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
+          if (tid == 0) {
+            mbarrier_arrive_expect_tx(v_full + stage, Tr::kTileBytes);
+            tma_load_4d(sV, &maps.v, v_full + stage, 0, qt.kvh, key, keys.kv_batch);
+            tma_load_4d(sV + Tr::kHalfKV, &maps.v, v_full + stage, 64, qt.kvh, key, keys.kv_batch);
+          }
+        } else if (tma) {  // the last, partial tile: cp.async zero-fills past kv_len; thread 0's one arrival
+          // once every producer thread's copies have landed (an asynchronous arrival that only holds the phase
+          // open, cp.async.mbarrier.arrive without .noinc, from threads that never wait on the barrier, is what
+          // compute-sanitizer's synccheck rejects as a missing wait)
+          if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
+          copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride, nullptr);
+          if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
+          copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
+          cp_async_commit();
+          cp_async_wait<0>();
+          named_barrier_sync(1, 128);
+          if (tid == 0) {
+            mbarrier_arrive(k_full + stage);
+            mbarrier_arrive(v_full + stage);
           }
         } else {
           if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);

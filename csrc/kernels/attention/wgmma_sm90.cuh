@@ -175,16 +175,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// Named barrier sync that also returns the AND of `pred` over the `count` threads.
-__device__ __forceinline__ bool named_barrier_and(int id, int count, bool pred) {
-  uint32_t all = 0;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 q, %3, 0;\nbar.red.and.pred p, %1, %2, q;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(all)
-      : "r"(id), "r"(count), "r"(uint32_t(pred))
-      : "memory");
-  return all != 0;
-}
 // Register reallocation between warpgroups (the kernel needs a register cap at entry: __launch_bounds__(n, 1)).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
