@@ -3,12 +3,11 @@
 // packing, the ragged tile map), dense / ragged Q, contiguous / paged K/V (pages of >= 8 keys), causal, masks.
 // Warp-specialized, FlashAttention-3 style: a producer warpgroup copies Q and 128-key K/V tiles (cp.async; whole
 // tiles of contiguous K/V by TMA) into the 128-byte-swizzled layout the wgmma descriptors read (three stages,
-// mbarriers), and two consumer warpgroups of
-// 64 packed rows each compute S = Q K^T (both operands from shared memory) and O += P V (P from registers: the
-// S accumulators rounded to bf16; V read transposed), taking turns on the tensor cores (one's softmax runs while
-// the other's products do) and overlapping each tile's softmax with the previous tile's P V. Persistent: one block
-// per SM takes Q tiles one after another (from a counter when the launcher gives one), so the next tile's Q and K/V
-// copies run under the current tile's last products and its output stores.
+// mbarriers), and two consumer warpgroups of 64 packed rows each compute S = Q K^T (both operands from shared
+// memory) and O += P V (P from registers: the S accumulators rounded to bf16; V read transposed), taking turns on
+// the tensor cores (one's softmax runs while the other's products do) and issuing each tile's S with the previous
+// tile's P V. Persistent: one block per SM takes Q tiles one after another (from a counter when the launcher gives
+// one), so the next tile's Q and K/V copies run under the current tile's last products and its output stores.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +61,7 @@ static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a ker
 // TMA descriptors of contiguous K and V, each a 4-D tensor (head_dim, kv heads, keys, sequences) read in boxes of
 // 64 columns x 128 keys with the 128-byte swizzle (one half of a K/V tile). With `enabled`, the producer's thread 0
 // copies every K/V tile that lies wholly below the sequence's key count by TMA (one instruction per half instead
-// of 16 cp.async per producer thread: 3-4% faster on the H200); the tile past the last whole one, and paged K/V,
+// of 16 cp.async per producer thread: 2-6% faster on the H200); the tile past the last whole one, and paged K/V,
 // by cp.async, which zero-fills the keys past the sequence (V rows there must be finite). Without it (the
 // launcher could not encode them, or ASTRAI_PREFILL_SM90_TMA=0), every tile by cp.async: the same bits.
 struct PrefillSm90KvMaps {  // 128-byte aligned (CUtensorMap)
@@ -200,7 +199,8 @@ __device__ __forceinline__ void quad_transpose4(uint32_t (&v)[4], int q) {
 // TMA, thread 0 arrives once: with the tile's bytes to come, or after the producers' cp.async of a partial tile),
 // empty[s] when both consumers are done with it (every consumer thread arrives: K after S, V after P V). q_full
 // when an item's Q has landed, q_empty when both consumers have read it for their last S. Named barriers 3 and 4
-// pass the tensor cores between the consumers, across items.
+// pass the tensor cores between the consumers, across items; named barrier 1 gathers the producers before thread
+// 0 completes a partial tile's phase (TMA mode).
 template <bool kRaggedQ, bool kPaged>
 __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     prefill_bf16_sm90_kernel(const __grid_constant__ PrefillParams p, const __grid_constant__ PrefillSm90KvMaps maps) {
@@ -595,8 +595,10 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     };
 
     // ---- main loop ----------------------------------------------------------------------------------
-    // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, and computes the softmax of S_j while that P V
-    // runs; then rescales O and rounds P_j.
+    // Iteration j issues S_j = Q K_j, then O += P_{j-1} V_{j-1}, computes the softmax of S_j, then rescales O and
+    // rounds P_j. ptxas places the wait for that P V before the softmax (the SASS, not the source order: a branch
+    // that kept it after the exps made the tile 3% slower on the H200), so the softmax runs under the other
+    // consumer's products.
     if (n_tiles > 0) {
       mbarrier_wait(q_full, q_uses & 1u);
       ASTRAI_SM90_TRACE(tracer, 1 + c, item_no, PrefillSm90Trace::kQReady);

@@ -75,8 +75,10 @@ bool encode_kv_map(CUtensorMap* map, const void* ptr, const PrefillParams& p, in
   if (encode == nullptr) return false;
   const bool ragged = p.kv_indptr_ptr != nullptr;
   const int64_t seqs = ragged ? 1 : p.batch;
-  // Bytes; a ragged call's one sequence repeats the key stride (a dimension of size 1: never stepped).
-  const int64_t strides[3] = {head_stride * 2, seq_stride * 2, (ragged ? seq_stride : batch_stride) * 2};
+  // Bytes. A dimension of size 1 is never stepped: one kv head (MQA) or a ragged call's one sequence repeats a
+  // valid stride rather than whatever the caller's tensor had there.
+  const int64_t strides[3] = {(p.num_kv_heads == 1 ? PrefillSm90Traits::kHeadDim : head_stride) * 2, seq_stride * 2,
+                              (ragged ? seq_stride : batch_stride) * 2};
   if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || p.max_kv_len <= 0 || seqs <= 0) return false;
   for (const int64_t stride : strides) {
     if (stride <= 0 || stride % 16 != 0 || stride >= (int64_t(1) << 40)) return false;
