@@ -1,7 +1,7 @@
 // Standalone correctness table for the prefill launcher (dense / ragged Q; contiguous dense, contiguous ragged and
 // paged KV; causal, masks, GQA) against a float64 CPU reference (no torch), host proofs of the schedule's index
 // math, and a --bench mode for the speed goal shapes (which also checks paged == contiguous bitwise there).
-// Usage: attn_prefill_test [--small] [--seed N] [--bench | --host].
+// Usage: attn_prefill_test [--small] [--seed N] [--bench [--page-size N] | --host].
 // Exit status: 0 all pass, 1 a case failed, 2 a CUDA error.
 #include <algorithm>
 #include <cinttypes>
@@ -892,19 +892,19 @@ __global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, int64_t n, 
   if (local) atomicAdd(diff, local);
 }
 
-// Per shape: contiguous K/V, then the same keys on shuffled pages of 16; the paged output must equal the
-// contiguous one bitwise ("bitwise" column, on the paged row).
-int run_bench(const cudaDeviceProp& prop) {
+// Per shape: contiguous K/V, then the same keys on shuffled pages of ps keys (16 unless --page-size); the paged
+// output must equal the contiguous one bitwise ("bitwise" column, on the paged row).
+int run_bench(const cudaDeviceProp& prop, int ps) {
   const char* knob = std::getenv("ASTRAI_PREFILL_SM90");
   std::printf("bench: %s, GQA 32/8, D=128, dense Q, CUDA events, median of repeats after warm-up\n", prop.name);
   std::printf("ASTRAI_PREFILL_SM90=%s (unset or 1: the sm_90a kernel where it applies; 0: mma.sync)\n",
               knob ? knob : "unset");
   const char* tma_knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
-  std::printf("ASTRAI_PREFILL_SM90_TMA=%s (unset or 1: whole contiguous K/V tiles by TMA; 0: cp.async only)\n",
+  std::printf("ASTRAI_PREFILL_SM90_TMA=%s (unset or 1: whole K/V tiles by TMA; 0: cp.async only)\n",
               tma_knob ? tma_knob : "unset");
   std::printf("%-3s %-6s %-7s %-11s %-8s %12s %10s %8s\n", "B", "L", "causal", "kv", "sched", "us", "TFLOP/s",
               "bitwise");
-  const int Hq = 32, Hkv = 8, D = 128, ps = 16;
+  const int Hq = 32, Hkv = 8, D = 128;
   int status = 0;
   for (int B : {1, 8})
     for (int L : {2048, 8192})
@@ -998,9 +998,9 @@ int run_bench(const cudaDeviceProp& prop) {
             const double med = ms[ms.size() / 2] * 1e-3;
             const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;  // (row, key) pairs kept
             const double flops = 4.0 * B * Hq * D * pairs;
-            std::printf("%-3d %-6d %-7d %-11s %-8s %12.1f %10.1f %8s\n", B, L, causal,
-                        paged ? "paged-16" : "contiguous", sched == 0 ? "counter" : "fixed", med * 1e6,
-                        flops / med * 1e-12, bitwise);
+            const std::string kv = paged ? "paged-" + std::to_string(ps) : "contiguous";
+            std::printf("%-3d %-6d %-7d %-11s %-8s %12.1f %10.1f %8s\n", B, L, causal, kv.c_str(),
+                        sched == 0 ? "counter" : "fixed", med * 1e6, flops / med * 1e-12, bitwise);
           }
         }
       }
@@ -1012,12 +1012,20 @@ int run_bench(const cudaDeviceProp& prop) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --bench and --host are this test's own flags; the rest are the house options.
+  // --bench, --page-size and --host are this test's own flags; the rest are the house options.
   bool bench = false, host_only = false;
+  int bench_page_size = 16;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (i > 0 && std::strcmp(argv[i], "--bench") == 0) {
       bench = true;
+    } else if (i > 0 && i + 1 < argc && std::strcmp(argv[i], "--page-size") == 0) {
+      bench_page_size = std::atoi(argv[++i]);
+      // Pages of 1..4 keys take other softmax steps than contiguous K/V: the bench's bitwise check needs >= 8.
+      if (bench_page_size < 8 || bench_page_size > 128 || (bench_page_size & (bench_page_size - 1)) != 0) {
+        std::fprintf(stderr, "--page-size: expected a power of two from 8 to 128, got %s\n", argv[i]);
+        return 2;
+      }
     } else if (i > 0 && std::strcmp(argv[i], "--host") == 0) {
       host_only = true;
     } else {
@@ -1026,7 +1034,9 @@ int main(int argc, char** argv) {
   }
   const TestOptions opts = parse_test_options(int(args.size()), args.data());
   if (!opts.ok) {
-    std::fprintf(stderr, "       %s --bench: time the goal shapes; --host: the host index proofs only (no GPU)\n",
+    std::fprintf(stderr,
+                 "       %s --bench [--page-size N]: time the goal shapes (paged: pages of N keys, 16 by default); "
+                 "--host: the host index proofs only (no GPU)\n",
                  argv[0]);
     return 2;
   }
@@ -1037,7 +1047,7 @@ int main(int argc, char** argv) {
   }
   const cudaDeviceProp prop = print_test_banner("attn_prefill_test", opts);
 #if !defined(ASTRAI_HOST_EMULATION)
-  if (bench) return run_bench(prop);
+  if (bench) return run_bench(prop, bench_page_size);
 #endif
   Rng rng(opts.seed);
   const bool host_ok = host_index_checks(rng);

@@ -1,13 +1,14 @@
 // GQA prefill at head_dim 128 on Hopper warpgroup tensor cores (sm_90a wgmma, fp32 online softmax), behind the same
 // op and parameters as the mma.sync kernel (bf16_prefill.cuh): the same Q tiles (128 packed rows, GQA head
 // packing, the ragged tile map), dense / ragged Q, contiguous / paged K/V (pages of >= 8 keys), causal, masks.
-// Warp-specialized, FlashAttention-3 style: a producer warpgroup copies Q and 128-key K/V tiles (cp.async; whole
-// tiles of contiguous K/V by TMA) into the 128-byte-swizzled layout the wgmma descriptors read (three stages,
-// mbarriers), and two consumer warpgroups of 64 packed rows each compute S = Q K^T (both operands from shared
-// memory) and O += P V (P from registers: the S accumulators rounded to bf16; V read transposed), taking turns on
-// the tensor cores (one's softmax runs while the other's products do) and issuing each tile's S with the previous
-// tile's P V. Persistent: one block per SM takes Q tiles one after another (from a counter when the launcher gives
-// one), so the next tile's Q and K/V copies run under the current tile's last products and its output stores.
+// Warp-specialized, FlashAttention-3 style: a producer warpgroup copies Q and 128-key K/V tiles (whole tiles by
+// TMA, contiguous or paged; the rest by cp.async) into the 128-byte-swizzled layout the wgmma descriptors read
+// (three stages, mbarriers), and two consumer warpgroups of 64 packed rows each compute S = Q K^T (both operands
+// from shared memory) and O += P V (P from registers: the S accumulators rounded to bf16; V read transposed),
+// taking turns on the tensor cores (one's softmax runs while the other's products do) and issuing each tile's S
+// with the previous tile's P V. Persistent: one block per SM takes Q tiles one after another (from a counter when
+// the launcher gives one), so the next tile's Q and K/V copies run under the current tile's last products and its
+// output stores.
 #pragma once
 
 #include <cstdint>
@@ -58,12 +59,14 @@ struct PrefillSm90Traits {
 };
 static_assert(PrefillSm90Traits::kBM == prefill_block_rows(128), "the sm_90a kernel takes the planned Q tiles");
 
-// TMA descriptors of contiguous K and V, each a 4-D tensor (head_dim, kv heads, keys, sequences) read in boxes of
-// 64 columns x 128 keys with the 128-byte swizzle (one half of a K/V tile). With `enabled`, the producer's thread 0
-// copies every K/V tile that lies wholly below the sequence's key count by TMA (one instruction per half instead
-// of 16 cp.async per producer thread: 2-6% faster on the H200); the tile past the last whole one, and paged K/V,
-// by cp.async, which zero-fills the keys past the sequence (V rows there must be finite). Without it (the
-// launcher could not encode them, or ASTRAI_PREFILL_SM90_TMA=0), every tile by cp.async: the same bits.
+// TMA descriptors of K and V, each a 4-D tensor (head_dim, kv heads, keys, sequences; paged: head_dim, kv heads,
+// page slots, pages) read in boxes of 64 columns x 128 keys (paged: x min(page size, 128) slots of one page) with
+// the 128-byte swizzle: a half of a K/V tile, or of one page's part of it. With `enabled`, every K/V tile that lies
+// wholly below the sequence's key count is copied by TMA (per half one instruction from thread 0; paged, one per
+// half of each page's part, spread over the lanes of the four producer warps; instead of 16 cp.async per producer
+// thread); the tile past the last whole one by cp.async, which zero-fills the keys past the sequence (V rows there
+// must be finite). Without it (the launcher could not encode them, or ASTRAI_PREFILL_SM90_TMA=0), every tile by
+// cp.async: the same bits.
 struct PrefillSm90KvMaps {  // 128-byte aligned (CUtensorMap)
   CUtensorMap k;
   CUtensorMap v;
@@ -196,11 +199,12 @@ __device__ __forceinline__ void quad_transpose4(uint32_t (&v)[4], int q) {
 // slot n % 2 (item_full[n % 2]); all 384 threads read it and arrive on item_empty, which the slot's next writer
 // waits. K and V rings, stage s = t % 3 over the block's t-th tile of all its items: full[s] completes when the
 // tile has landed (each producer thread arrives for its cp.async, and for K once more for its page flags; with
-// TMA, thread 0 arrives once: with the tile's bytes to come, or after the producers' cp.async of a partial tile),
+// TMA, thread 0 arrives once (paged: lane 0 of each producer warp, after writing its parts' page flags): with the
+// tile's bytes to come, or after the producers' cp.async of a partial tile),
 // empty[s] when both consumers are done with it (every consumer thread arrives: K after S, V after P V). q_full
 // when an item's Q has landed, q_empty when both consumers have read it for their last S. Named barriers 3 and 4
 // pass the tensor cores between the consumers, across items; named barrier 1 gathers the producers before thread
-// 0 completes a partial tile's phase (TMA mode).
+// 0 (paged: each warp's lane 0) completes a partial tile's phase (TMA mode).
 template <bool kRaggedQ, bool kPaged>
 __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
     prefill_bf16_sm90_kernel(const __grid_constant__ PrefillParams p, const __grid_constant__ PrefillSm90KvMaps maps) {
@@ -229,12 +233,14 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   const int group = p.num_q_heads / p.num_kv_heads;
   const int64_t num_items = int64_t(p.num_q_tiles) * (p.num_kv_heads * (group >> prefill_heads_log2(group)));
 
-  const bool tma = !kPaged && maps.enabled != 0;
+  const bool tma = maps.enabled != 0;
+  const int tma_arrivals = kPaged ? 4 : 1;  // TMA mode: thread 0, or lane 0 of each producer warp (paged)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // Per producer thread: its copies landed, and (K) its page flags written; with TMA, thread 0's arrival.
-      mbarrier_init(k_full + s, tma ? 1 : 2 * 128);
-      mbarrier_init(v_full + s, tma ? 1 : 128);
+      // Per producer thread: its copies landed, and (K) its page flags written; with TMA, thread 0's arrival (paged:
+      // lane 0's of each producer warp).
+      mbarrier_init(k_full + s, tma ? tma_arrivals : 2 * 128);
+      mbarrier_init(v_full + s, tma ? tma_arrivals : 128);
       mbarrier_init(k_empty + s, Tr::kConsumers * 128);  // every consumer thread
       mbarrier_init(v_empty + s, Tr::kConsumers * 128);
     }
@@ -370,54 +376,117 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
       };
       // K and V run in separate rings: K_j's stage frees as soon as both consumers' S_j is done, a tile earlier than
       // V_j's (freed after P V), which gives the copies of K a longer lead.
-      // Paged: the page ids of tile j, read a tile ahead (their latency would otherwise delay every tile's copies).
+      // Tile j by TMA: it lies wholly below kv_len (TMA cannot zero-fill past a sequence's keys inside its tensor).
+      auto by_tma = [&](int j) { return tma && (j + 1) * kBN <= kv_len; };
+      // Paged TMA: a tile is n_parts parts of min(page size, 128) rows, each on one page. Part q is producer warp
+      // q % 4's, its 64-column halves lanes 2 (q / 4) and 2 (q / 4) + 1 (spread over the warps: one warp issuing
+      // all 16 or 32 boxes of a tile held the tiles back).
+      const int warp = tid >> 5;
+      const int seg_log2 = kPaged ? min(p.page_size_log2, 7) : 7;
+      const int n_parts = kBN >> seg_log2;
+      const int my_part = warp + 4 * (lane >> 1);
+      const bool has_box = my_part < n_parts;
+      const int warp_parts = n_parts > warp ? (n_parts - warp + 3) / 4 : 0;
+      const uint32_t warp_box_bytes = uint32_t(2 * warp_parts) * (128u << seg_log2);  // this warp's share of a tile
+      // The page id of this lane's part of tile j (-1 without one), read a tile ahead like ids below.
+      auto box_page_id = [&](int j) -> int32_t {
+        const int t0 = j * kBN + (my_part << seg_log2);
+        return has_box && t0 < p.max_kv_len
+                   ? __ldg(p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t0 >> p.page_size_log2)))
+                   : -1;
+      };
+      // Paged: the page ids of tile j, read a tile ahead (their latency would otherwise delay every tile's copies):
+      // per thread and row group for cp.async (ids); with TMA, per part (box_id: the flags of every tile, the
+      // copies of whole ones).
       int32_t ids[2] = {-1, -1};
+      int32_t box_id = -1;
       if constexpr (kPaged) {
-        ids[0] = group_page_id(0, 0);
-        ids[1] = group_page_id(0, 1);
+        if (tma) box_id = box_page_id(0);
+        if (!by_tma(0)) {
+          ids[0] = group_page_id(0, 0);
+          ids[1] = group_page_id(0, 1);
+        }
       }
-      auto copy_kv = [&](int j) {
-        const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
-        int32_t next_ids[2] = {-1, -1};
-        if constexpr (kPaged) {
-          if (j + 1 < n_tiles) {
-            next_ids[0] = group_page_id(j + 1, 0);
-            next_ids[1] = group_page_id(j + 1, 1);
+      // Paged TMA: lane 0 of each producer warp writes the page flags of its parts' row groups (from a ballot: the
+      // thread that arrives for the tile stores them), 1 for keys before kv_len on an invalid page.
+      auto write_part_flags = [&](int j, uint8_t* flags) {
+        const bool bad = has_box && !(box_id >= 0 && box_id < p.num_pages);
+        const uint32_t bad_lanes = __ballot_sync(0xffffffffu, bad);
+        if (lane == 0) {
+#pragma unroll
+          for (int g = 0; g < Tr::kGroups; ++g) {
+            const int q = (g * kGroupRows) >> seg_log2;  // the part of row group g
+            if ((q & 3) == warp) {
+              flags[g] = uint8_t(((bad_lanes >> (2 * (q >> 2))) & 1u) != 0u && j * kBN + g * kGroupRows < kv_len);
+            }
           }
         }
-        if (tma && (j + 1) * kBN <= kv_len) {  // a whole tile: two TMA boxes each for K and V, from thread 0
-          const int key = keys.kv_key0 + j * kBN;
-          if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
-          if (tid == 0) {
-            mbarrier_arrive_expect_tx(k_full + stage, Tr::kTileBytes);
-            tma_load_4d(sK, &maps.k, k_full + stage, 0, qt.kvh, key, keys.kv_batch);
-            tma_load_4d(sK + Tr::kHalfKV, &maps.k, k_full + stage, 64, qt.kvh, key, keys.kv_batch);
+      };
+      // A whole tile of K or V by TMA into dst, its bytes completing on bar. Contiguous: thread 0 copies the two
+      // halves. Paged: each lane with a part copies one half of it; a box of an invalid page id lies outside the
+      // map and lands as zeros (V rows there must be finite; the flags drop the keys).
+      auto tma_tile = [&](int j, uint32_t dst, const CUtensorMap* map, uint64_t* bar) {
+        if constexpr (kPaged) {
+          if (lane == 0) {
+            if (warp_box_bytes != 0u) {
+              mbarrier_arrive_expect_tx(bar, warp_box_bytes);
+            } else {
+              mbarrier_arrive(bar);
+            }
           }
+          __syncwarp();  // the bytes announced before any of them can land
+          if (has_box) {
+            const int half = lane & 1;
+            const int in_page = (j * kBN) & ((1 << p.page_size_log2) - 1);  // 0 unless pages exceed a tile
+            tma_load_4d(dst + uint32_t(half) * Tr::kHalfKV + (uint32_t(my_part) << seg_log2) * 128u, map, bar,
+                        64 * half, qt.kvh, in_page, box_id);
+          }
+        } else {
+          if (tid == 0) {
+            const int key = keys.kv_key0 + j * kBN;
+            mbarrier_arrive_expect_tx(bar, Tr::kTileBytes);
+            tma_load_4d(dst, map, bar, 0, qt.kvh, key, keys.kv_batch);
+            tma_load_4d(dst + Tr::kHalfKV, map, bar, 64, qt.kvh, key, keys.kv_batch);
+          }
+        }
+      };
+      auto copy_kv = [&](int j) {
+        const uint32_t sK = base + Tr::kQBytes + uint32_t(stage) * 2 * Tr::kTileBytes, sV = sK + Tr::kTileBytes;
+        uint8_t* const flags = kPaged ? page_flags + stage * Tr::kGroups : nullptr;
+        int32_t next_ids[2] = {-1, -1};
+        int32_t next_box_id = -1;
+        if constexpr (kPaged) {
+          if (j + 1 < n_tiles) {
+            if (tma) next_box_id = box_page_id(j + 1);
+            if (!by_tma(j + 1)) {
+              next_ids[0] = group_page_id(j + 1, 0);
+              next_ids[1] = group_page_id(j + 1, 1);
+            }
+          }
+        }
+        if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);  // its last tile's S done
+        if (by_tma(j)) {  // a whole tile
+          if constexpr (kPaged) write_part_flags(j, flags);
+          tma_tile(j, sK, &maps.k, k_full + stage);
           if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
-          if (tid == 0) {
-            mbarrier_arrive_expect_tx(v_full + stage, Tr::kTileBytes);
-            tma_load_4d(sV, &maps.v, v_full + stage, 0, qt.kvh, key, keys.kv_batch);
-            tma_load_4d(sV + Tr::kHalfKV, &maps.v, v_full + stage, 64, qt.kvh, key, keys.kv_batch);
-          }
-        } else if (tma) {  // the last, partial tile: cp.async zero-fills past kv_len; thread 0's one arrival
-          // once every producer thread's copies have landed (an asynchronous arrival that only holds the phase
-          // open, cp.async.mbarrier.arrive without .noinc, from threads that never wait on the barrier, is what
-          // compute-sanitizer's synccheck rejects as a missing wait)
-          if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
+          tma_tile(j, sV, &maps.v, v_full + stage);
+        } else if (tma) {  // the last, partial tile: cp.async zero-fills past kv_len; then the TMA arrivals (thread
+          // 0's, paged lane 0's of each warp) once every producer thread's copies have landed (an asynchronous
+          // arrival that only holds the phase open, cp.async.mbarrier.arrive without .noinc, from threads that
+          // never wait on the barrier, is what compute-sanitizer's synccheck rejects as a missing wait)
+          if constexpr (kPaged) write_part_flags(j, flags);
           copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride, nullptr);
           if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
           copy_tile(j, ids, sV, v_base, p.v_batch_stride, p.v_seq_stride, nullptr);
           cp_async_commit();
           cp_async_wait<0>();
           named_barrier_sync(1, 128);
-          if (tid == 0) {
+          if (kPaged ? lane == 0 : tid == 0) {
             mbarrier_arrive(k_full + stage);
             mbarrier_arrive(v_full + stage);
           }
         } else {
-          if (issued >= kStages) mbarrier_wait(k_empty + stage, phase ^ 1u);
-          copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride,
-                    kPaged ? page_flags + stage * Tr::kGroups : nullptr);
+          copy_tile(j, ids, sK, k_base, p.k_batch_stride, p.k_seq_stride, flags);
           cp_async_mbarrier_arrive(k_full + stage);
           mbarrier_arrive(k_full + stage);  // releases the page flags (plain stores)
           if (issued >= kStages) mbarrier_wait(v_empty + stage, phase ^ 1u);
@@ -426,6 +495,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
         }
         ids[0] = next_ids[0];
         ids[1] = next_ids[1];
+        box_id = next_box_id;
         ++issued;
         if (++stage == kStages) {
           stage = 0;

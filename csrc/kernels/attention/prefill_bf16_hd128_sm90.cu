@@ -66,42 +66,49 @@ TensorMapEncodeTiled tensor_map_encoder() {
   return encoder;
 }
 
-// One of contiguous K / V as a 4-D tensor (head_dim, kv heads, keys, sequences; strides in elements) in boxes of
-// 64 columns x 128 keys with the 128-byte swizzle of the kernel's tiles. Ragged K/V is one sequence of Tkv keys.
-// False where TMA cannot describe it (addresses or strides not multiples of 16 bytes, a zero stride).
-bool encode_kv_map(CUtensorMap* map, const void* ptr, const PrefillParams& p, int64_t head_stride, int64_t seq_stride,
-                   int64_t batch_stride) {
+// One of K / V as a 4-D tensor (head_dim, kv heads, rows, outer; strides in elements) in boxes of 64 columns x
+// box_rows rows with the 128-byte swizzle of the kernel's tiles. False where TMA cannot describe it (an address or
+// a stride not a multiple of 16 bytes, a zero stride). A dimension of size 1 is never stepped: one kv head (MQA) or
+// a ragged call's one sequence gets a valid stride rather than whatever the caller's tensor had there.
+bool encode_kv_map(CUtensorMap* map, const void* ptr, int64_t heads, int64_t head_stride, int64_t rows,
+                   int64_t row_stride, int64_t outer, int64_t outer_stride, int box_rows) {
+  using Tr = PrefillSm90Traits;
   const TensorMapEncodeTiled encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const bool ragged = p.kv_indptr_ptr != nullptr;
-  const int64_t seqs = ragged ? 1 : p.batch;
-  // Bytes. A dimension of size 1 is never stepped: one kv head (MQA) or a ragged call's one sequence repeats a
-  // valid stride rather than whatever the caller's tensor had there.
-  const int64_t strides[3] = {(p.num_kv_heads == 1 ? PrefillSm90Traits::kHeadDim : head_stride) * 2, seq_stride * 2,
-                              (ragged ? seq_stride : batch_stride) * 2};
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || p.max_kv_len <= 0 || seqs <= 0) return false;
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || heads <= 0 || rows <= 0 || outer <= 0) {
+    return false;
+  }
+  const int64_t strides[3] = {(heads == 1 ? Tr::kHeadDim : head_stride) * 2, row_stride * 2,
+                              (outer == 1 ? row_stride : outer_stride) * 2};  // bytes
   for (const int64_t stride : strides) {
     if (stride <= 0 || stride % 16 != 0 || stride >= (int64_t(1) << 40)) return false;
   }
-  using Tr = PrefillSm90Traits;
-  const cuuint64_t dims[4] = {cuuint64_t(Tr::kHeadDim), cuuint64_t(p.num_kv_heads), cuuint64_t(p.max_kv_len),
-                              cuuint64_t(seqs)};
+  const cuuint64_t dims[4] = {cuuint64_t(Tr::kHeadDim), cuuint64_t(heads), cuuint64_t(rows), cuuint64_t(outer)};
   const cuuint64_t byte_strides[3] = {cuuint64_t(strides[0]), cuuint64_t(strides[1]), cuuint64_t(strides[2])};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(Tr::kBN), 1};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(box_rows), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, byte_strides, box,
                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The K/V descriptors of a contiguous call, enabled unless ASTRAI_PREFILL_SM90_TMA=0 (read at each launch) or
-// TMA cannot describe K or V; paged K/V never (its tiles gather pages).
+// The K/V descriptors of a call, enabled unless ASTRAI_PREFILL_SM90_TMA=0 (read at each launch) or TMA cannot
+// describe K or V. Dense: (D, Hkv, max_kv_len, batch) in boxes of a whole tile; ragged: one sequence of all the
+// keys; paged: (D, Hkv, page_size, num_pages) in boxes of min(page_size, 128) rows, one page each (a page id out of
+// range is a box outside the map: zeros).
 PrefillSm90KvMaps kv_maps(const PrefillParams& p) {
+  using Tr = PrefillSm90Traits;
   PrefillSm90KvMaps maps{};
   const char* knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
-  if (p.paged || (knob != nullptr && std::strcmp(knob, "0") == 0)) return maps;
-  maps.enabled = encode_kv_map(&maps.k, p.k_ptr, p, p.k_head_stride, p.k_seq_stride, p.k_batch_stride) &&
-                 encode_kv_map(&maps.v, p.v_ptr, p, p.v_head_stride, p.v_seq_stride, p.v_batch_stride);
+  if (knob != nullptr && std::strcmp(knob, "0") == 0) return maps;
+  const bool ragged = !p.paged && p.kv_indptr_ptr != nullptr;
+  const int64_t rows = p.paged ? int64_t(1) << p.page_size_log2 : p.max_kv_len;
+  const int64_t outer = p.paged ? p.num_pages : ragged ? 1 : p.batch;
+  const int box_rows = p.paged ? int(rows < Tr::kBN ? rows : Tr::kBN) : Tr::kBN;
+  if (box_rows < Tr::kGroupRows) return maps;  // the kernel takes no smaller pages
+  maps.enabled = encode_kv_map(&maps.k, p.k_ptr, p.num_kv_heads, p.k_head_stride, rows, p.k_seq_stride, outer,
+                               p.k_batch_stride, box_rows) &&
+                 encode_kv_map(&maps.v, p.v_ptr, p.num_kv_heads, p.v_head_stride, rows, p.v_seq_stride, outer,
+                               p.v_batch_stride, box_rows);
   return maps;
 }
 

@@ -557,6 +557,40 @@ def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
     check(default, f"{layout}, default copies")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("page_size", [8, 16, 32, 128])
+def test_paged_prefill_tma_knob_same_bits(monkeypatch, page_size, causal):
+    """Paged K/V: the sm_90a kernel copies whole tiles by TMA, one box per page's part of a tile (a page id out of
+    range is a box outside the cache: zeros, its keys dropped), the tile past the last whole one by cp.async.
+    ASTRAI_PREFILL_SM90_TMA=0 copies every tile by cp.async: the same bits, both at the truth. Keys past each
+    length hold NaN in their pages, and so does every page the table does not name."""
+    q = rand_bf16(3, 150, 32, 128)
+    k, v = rand_bf16(3, 400, 8, 128), rand_bf16(3, 400, 8, 128)
+    lens = i32([400, 150, 37])
+    for b, n in enumerate(lens.tolist()):
+        k[b, n:], v[b, n:] = float("nan"), float("nan")
+    k_cache, v_cache, table = make_paged(k, v, page_size)
+    named = torch.zeros(k_cache.shape[0], dtype=torch.bool, device=DEVICE)
+    named[table.long().flatten()] = True
+    k_cache[~named], v_cache[~named] = float("nan"), float("nan")
+    valid = torch.ones(3, 400, dtype=torch.bool, device=DEVICE)
+    for b, slot, bad in [(0, 1, -1), (0, 300 // page_size, k_cache.shape[0] + 5), (1, 1, 2**31 - 1)]:
+        table[b, slot] = bad
+        valid[b, slot * page_size:(slot + 1) * page_size] = False
+
+    def run():
+        return ops.attn_paged_prefill(q, k_cache, v_cache, table, lens, is_causal=causal)
+
+    default = run()
+    monkeypatch.setenv("ASTRAI_PREFILL_SM90_TMA", "0")
+    copied = run()
+    monkeypatch.delenv("ASTRAI_PREFILL_SM90_TMA")
+    assert_bitwise_equal(copied, default, f"paged ps={page_size}: ASTRAI_PREFILL_SM90_TMA=0 vs default")
+    assert_detects_perturbation(default)
+    assert torch.isfinite(default).all(), f"paged ps={page_size}: non-finite output"
+    check_dense(default, q, k, v, kv_lens=lens, is_causal=causal, valid=valid, what=f"paged ps={page_size}")
+
+
 # --- bitwise suites -------------------------------------------------------------------------------------------
 
 def _runner(kind):
