@@ -511,6 +511,19 @@ def test_prefill_kernel_knob(monkeypatch, paged, causal):
     assert_bitwise_equal(ops.attn_prefill(q64, k64, v64, is_causal=causal), off, "head_dim 64 ignores the knob")
 
 
+def same_bits_without_tma(monkeypatch, run, what):
+    """run() by default, and again with ASTRAI_PREFILL_SM90_TMA=0 (every K/V tile by cp.async): the same bits, and
+    finite. Returns the default output."""
+    default = run()
+    monkeypatch.setenv("ASTRAI_PREFILL_SM90_TMA", "0")
+    copied = run()
+    monkeypatch.delenv("ASTRAI_PREFILL_SM90_TMA")
+    assert_bitwise_equal(copied, default, f"{what}: ASTRAI_PREFILL_SM90_TMA=0 vs default")
+    assert_detects_perturbation(default)
+    assert torch.isfinite(default).all(), f"{what}: non-finite output"
+    return default
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ["dense-lens", "dense-whole-tiles", "views", "ragged"])
 def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
@@ -547,14 +560,7 @@ def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
         def check(out, what):
             check_dense(out, q, k, v, kv_lens=lens, is_causal=causal, what=what)
 
-    default = run()
-    monkeypatch.setenv("ASTRAI_PREFILL_SM90_TMA", "0")
-    copied = run()
-    monkeypatch.delenv("ASTRAI_PREFILL_SM90_TMA")
-    assert_bitwise_equal(copied, default, f"{layout}: ASTRAI_PREFILL_SM90_TMA=0 vs default")
-    assert_detects_perturbation(default)
-    assert torch.isfinite(default).all(), f"{layout}: non-finite output"
-    check(default, f"{layout}, default copies")
+    check(same_bits_without_tma(monkeypatch, run, layout), f"{layout}, default copies")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -581,13 +587,7 @@ def test_paged_prefill_tma_knob_same_bits(monkeypatch, page_size, causal):
     def run():
         return ops.attn_paged_prefill(q, k_cache, v_cache, table, lens, is_causal=causal)
 
-    default = run()
-    monkeypatch.setenv("ASTRAI_PREFILL_SM90_TMA", "0")
-    copied = run()
-    monkeypatch.delenv("ASTRAI_PREFILL_SM90_TMA")
-    assert_bitwise_equal(copied, default, f"paged ps={page_size}: ASTRAI_PREFILL_SM90_TMA=0 vs default")
-    assert_detects_perturbation(default)
-    assert torch.isfinite(default).all(), f"paged ps={page_size}: non-finite output"
+    default = same_bits_without_tma(monkeypatch, run, f"paged ps={page_size}")
     check_dense(default, q, k, v, kv_lens=lens, is_causal=causal, valid=valid, what=f"paged ps={page_size}")
 
 
