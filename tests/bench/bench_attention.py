@@ -7,7 +7,10 @@ replays; the anchors are measured in the same run: `scaled_dot_product_attention
 outside the timed region).
 
 - Decode (memory-bound): inputs rotated over sets larger than the L2 cache. Bytes counted: K and V read
-  once (2 * B * L * Hkv * D * 2), the floor every decode must move; q and out are negligible.
+  once (2 * B * L * Hkv * D * 2), the floor every decode must move; q and out are negligible. The graph's
+  calls follow each other, so on sm_90+ each call's launch overlaps the previous call's tail (programmatic
+  dependent launch); the `-serial` rows time the same calls with ASTRAI_DECODE_PDL=0, as after a kernel that
+  does not release its dependents early.
 - Prefill (compute-bound, self-attention Lq = L): one input set. FLOPs counted: 4 * B * Hq * D * kept pairs
   (two matmuls of 2 FLOPs per multiply-add; kept pairs L^2, or L (L + 1) / 2 causal). Reported: TFLOP/s,
   the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time. At
@@ -96,8 +99,9 @@ def _check(s: dict) -> None:
 
 
 def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128,
-            replays: int = 20, min_calls: int = 32, max_sets: int = 32) -> list[dict]:
-    """Rows for one (B, L): the contiguous and paged kernels, with the cuDNN and flash SDPA anchors."""
+            replays: int = 20, min_calls: int = 32, max_sets: int = 32, serial_rows: bool = True) -> list[dict]:
+    """Rows for one (B, L): the contiguous and paged kernels, with the cuDNN and flash SDPA anchors; with
+    serial_rows also both calls with the programmatic launch overlap off ("-serial": ASTRAI_DECODE_PDL=0)."""
     from torch.nn.attention import SDPBackend
 
     ops.load()
@@ -111,6 +115,9 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
         "paged16": lambda s: ops.attn_paged_decode(s["q"], s["k_cache"], s["v_cache"], s["page_table"],
                                                    s["kv_lens"]),
     }
+    if serial_rows:  # the same calls with ASTRAI_DECODE_PDL=0: what the launch overlap contributes
+        steps["contiguous-serial"] = _with_env("ASTRAI_DECODE_PDL", "0", steps["contiguous"])
+        steps["paged16-serial"] = _with_env("ASTRAI_DECODE_PDL", "0", steps["paged16"])
     anchors = {}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
@@ -202,18 +209,19 @@ def prefill_flops(batch: int, length: int, heads_q: int, head_dim: int, causal: 
     return 4 * batch * heads_q * head_dim * pairs
 
 
-def _prefill_kernel_knob(value: str, step):
-    """`step` with ASTRAI_PREFILL_SM90 set to `value` while it launches (captured graphs keep that kernel)."""
+def _with_env(name: str, value: str, step):
+    """`step` with the environment variable `name` set to `value` while it launches (the launchers read their
+    knobs at each launch, and a captured graph keeps what they chose)."""
     def run(s):
-        before = os.environ.get("ASTRAI_PREFILL_SM90")
-        os.environ["ASTRAI_PREFILL_SM90"] = value
+        before = os.environ.get(name)
+        os.environ[name] = value
         try:
             return step(s)
         finally:
             if before is None:
-                del os.environ["ASTRAI_PREFILL_SM90"]
+                del os.environ[name]
             else:
-                os.environ["ASTRAI_PREFILL_SM90"] = before
+                os.environ[name] = before
     return run
 
 
@@ -234,7 +242,7 @@ def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32,
                                                     s["kv_lens"], is_causal=causal),
     }
     if head_dim == 128:  # the mma.sync kernel too, where an sm_90a one may take the call
-        steps["contig-mma"] = _prefill_kernel_knob("0", steps["contiguous"])
+        steps["contig-mma"] = _with_env("ASTRAI_PREFILL_SM90", "0", steps["contiguous"])
     _check_prefill(s, causal, steps)
     # Anchors and kernels in interleaved rounds (see the module docstring); an anchor that refuses the shapes
     # (RuntimeError) is dropped.
@@ -299,15 +307,20 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def _cells(values) -> str:
+    """Decode table cells, right-aligned; the kind (third) is wide enough for "contiguous-serial"."""
+    return " ".join(f"{v:>17}" if i == 2 else f"{v:>10}" for i, v in enumerate(values))
+
+
 def _format_row(r: dict) -> str:
-    return " ".join(f"{v:>10}" for v in (
+    return _cells((
         r["batch"], r["kv_len"], r["kind"], _fmt(r["kernel_us"], ".2f"), _fmt(r["kernel_tbps"], ".2f"),
         _fmt(r["cudnn_us"], ".2f"), _fmt(r["cudnn_tbps"], ".2f"), _fmt(r["speedup_vs_cudnn"], ".2f") + "x",
         _fmt(r["flash_us"], ".2f"), _fmt(r["speedup_vs_flash"], ".2f") + "x"))
 
 
 def format_table(rows: list[dict]) -> str:
-    return "\n".join([" ".join(f"{h:>10}" for h in HEADER)] + [_format_row(r) for r in rows])
+    return "\n".join([_cells(HEADER)] + [_format_row(r) for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,14 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_combine.cuh"
 #include "kernels/attention/bf16_paged_kv_append.cuh"
 #include "kernels/attention/decode_dispatch.h"
 #include "kernels/common/cuda_check.h"
-
 
 namespace astrai {
 namespace {
@@ -88,12 +89,16 @@ cudaError_t sm_count_of_current_device(int* sm_count) {
   return cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
 }
 
-// Whether the combine may launch as a programmatic dependent of the decode kernel on the current device: its
-// code for this device must come from sm_90+ (ptxVersion >= 90, so it holds griddepcontrol.wait). Cached per
-// device: the answer is fixed for the process.
-cudaError_t combine_can_overlap(bool* pdl) {
+// Whether the decode launches (the split kernel and the combine) go as programmatic dependents of the stream's
+// previous kernel: ASTRAI_DECODE_PDL=0 in the environment (read at each launch) says never; otherwise only where
+// this image's code for the current device is sm_90+ (ptxVersion >= 90: it holds the griddepcontrol.wait that
+// guards each kernel's first global access; a compute_80 PTX image JIT-compiled for an H200 does not). Every
+// kernel of an image is compiled for the same arches, so the combine stands for all of them. The image check is
+// cached per device: the answer is fixed for the process.
+cudaError_t decode_pdl_enabled(bool* pdl) {
   *pdl = false;
-  if (!ASTRAI_DECODE_PDL) return cudaSuccess;
+  const char* knob = std::getenv("ASTRAI_DECODE_PDL");
+  if (knob != nullptr && std::strcmp(knob, "0") == 0) return cudaSuccess;
   constexpr int kMaxDevices = 64;
   static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
   int device = 0;
@@ -160,11 +165,11 @@ int64_t decode_split_counters(const DecodeParams& p) {
   return int64_t(p.batch) * p.num_kv_heads * ceil_div(group_size, attention::kMaxGroup);
 }
 
-cudaError_t launch_decode_kernel(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_kernel(const DecodeParams& p, cudaStream_t stream, bool pdl) {
   switch (p.head_dim) {
-    case 64: return attention::launch_decode_split_kv<64>(p, stream);
-    case 128: return attention::launch_decode_split_kv<128>(p, stream);
-    default: return attention::launch_decode_split_kv<256>(p, stream);
+    case 64: return attention::launch_decode_split_kv<64>(p, stream, pdl);
+    case 128: return attention::launch_decode_split_kv<128>(p, stream, pdl);
+    default: return attention::launch_decode_split_kv<256>(p, stream, pdl);
   }
 }
 
@@ -175,16 +180,17 @@ cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t str
   if (params.batch == 0) return cudaSuccess;
   DecodeParams p = params;
   if (!ASTRAI_DECODE_FUSED_MERGE || p.num_splits == 1) p.split_counters_ptr = nullptr;
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(decode_pdl_enabled(&pdl));
   if (p.split_counters_ptr != nullptr) {
     // Zeroed per call, though the merge leaves them zero: the workspace is the caller's fresh allocation, and
-    // a launch that never ran to the end (an error, an aborted graph) must not poison the next one.
+    // a launch that never ran to the end (an error, an aborted graph) must not poison the next one. The memset
+    // is the decode's previous node: no programmatic launch after it.
     ASTRAI_CUDA_TRY(cudaMemsetAsync(p.split_counters_ptr, 0, size_t(decode_split_counters(p)) * 4, stream));
-    return launch_decode_kernel(p, stream);
+    return launch_decode_kernel(p, stream, false);
   }
-  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream));
+  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream, pdl));
   if (p.num_splits == 1) return cudaSuccess;
-  bool pdl = false;
-  ASTRAI_CUDA_TRY(combine_can_overlap(&pdl));
   return attention::launch_decode_combine(p, stream, pdl);
 }
 

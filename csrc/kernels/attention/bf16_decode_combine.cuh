@@ -13,14 +13,18 @@ namespace attention {
 // batch 1, whose many splits are the whole point, merges in a few memory round trips rather than one
 // per split.
 constexpr int kCombineLanes = 8;
+// Splits per split lane whose partials load before the weights are known (registers: 8 floats each); the
+// planner's B = 1 plans at head_dim 128 have 16 splits, two per lane.
+constexpr int kCombinePrefetch = 4;
 
 // grid: B * Hq rows; block: (D / 8) * kCombineLanes threads. Launched as a programmatic dependent of the
-// decode kernel where the device and this image allow it: everything before wait_prerequisites overlaps the
-// decode's tail. Three passes, each with independent loads (a few memory round trips at any split count):
+// decode kernel where the device, this image and the ASTRAI_DECODE_PDL knob allow it: the launch and the
+// block's start then overlap the decode's tail. Three passes, each with independent loads (two memory round
+// trips at up to kCombineLanes * kCombinePrefetch splits, a few more beyond):
 //   1. the row's lse of every split into shared memory, and their max;
 //   2. weights w_s = exp2(lse_s - max) (0 for empty splits);
-//   3. thread (j, c) sums w_s o_s over splits j, j + kCombineLanes, ... for dims [8c, 8c + 8); the
-//      kCombineLanes sums then merge in lane order.
+//   3. thread (j, c) sums w_s o_s over splits j, j + kCombineLanes, ... for dims [8c, 8c + 8) (the first
+//      kCombinePrefetch of them loaded before pass 1); the kCombineLanes sums then merge in lane order.
 // Every order is fixed by the shapes, so results are deterministic and batch invariant.
 __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_constant__ DecodeParams p) {
   using bf16 = __nv_bfloat16;
@@ -38,7 +42,21 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   const int64_t rows = int64_t(p.batch) * p.num_q_heads;
   const int n = p.num_splits;
 
+  decode_ptx::launch_dependents();  // the next call's decode may be scheduled now (it waits for this grid too)
   decode_ptx::wait_prerequisites();
+
+  // The o chunks of this thread's first kCombinePrefetch splits load now, alongside the lse pass, rather than
+  // one memory round trip after it.
+  float4 pre[kCombinePrefetch][2];  // (kCombinePrefetch, 2): dims 8c..8c+3, 8c+4..8c+7 of split j + i kCombineLanes
+#pragma unroll
+  for (int i = 0; i < kCombinePrefetch; ++i) {
+    const int s = j + i * kCombineLanes;
+    if (s < n) {
+      const float4* src = reinterpret_cast<const float4*>(p.partial_o_ptr + (s * rows + row) * p.head_dim + 8 * c);
+      pre[i][0] = src[0];
+      pre[i][1] = src[1];
+    }
+  }
 
   float mx = neg_inf();
   for (int s = tid; s < n; s += threads) {
@@ -57,15 +75,23 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   __syncthreads();
 
   float sum = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-  for (int s = j; s < n; s += kCombineLanes) {
-    const float w = sm_w[s];
-    if (w == 0.f) continue;  // an empty split (or one that underflows): its o adds nothing
-    const float4* src = reinterpret_cast<const float4*>(p.partial_o_ptr + (s * rows + row) * p.head_dim + 8 * c);
-    const float4 a = src[0], b = src[1];
+  // Splits j, j + kCombineLanes, ... in order; an empty split (or one whose weight underflows) adds nothing.
+  auto add = [&](float w, const float4& a, const float4& b) {
     sum += w;
     o[0] = fmaf(w, a.x, o[0]); o[1] = fmaf(w, a.y, o[1]); o[2] = fmaf(w, a.z, o[2]); o[3] = fmaf(w, a.w, o[3]);
     o[4] = fmaf(w, b.x, o[4]); o[5] = fmaf(w, b.y, o[5]); o[6] = fmaf(w, b.z, o[6]); o[7] = fmaf(w, b.w, o[7]);
+  };
+#pragma unroll
+  for (int i = 0; i < kCombinePrefetch; ++i) {
+    const int s = j + i * kCombineLanes;
+    if (s < n && sm_w[s] != 0.f) add(sm_w[s], pre[i][0], pre[i][1]);
+  }
+#pragma unroll 4
+  for (int s = j + kCombinePrefetch * kCombineLanes; s < n; s += kCombineLanes) {
+    const float w = sm_w[s];
+    if (w == 0.f) continue;
+    const float4* src = reinterpret_cast<const float4*>(p.partial_o_ptr + (s * rows + row) * p.head_dim + 8 * c);
+    add(w, src[0], src[1]);
   }
   sm_s[j][c] = sum;
   float4* dst = reinterpret_cast<float4*>(&sm_o[j][c][0]);

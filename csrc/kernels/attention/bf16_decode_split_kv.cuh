@@ -250,9 +250,18 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
 
   extern __shared__ __align__(128) unsigned char sm_ring[];  // [kWarps][kStages][K, V][kT][kHeadDim] bf16, swizzled
 
-  // The combine (launched as a programmatic dependent) may take its SM slots now: it waits for this grid's
-  // completion before reading anything, and all of this grid's blocks are resident by the time it starts.
+  // The next kernel of the stream (the combine, or the next call's decode), when launched as a programmatic
+  // dependent, may take free SM slots now: it waits for this grid's completion before touching global memory,
+  // and all of this grid's blocks are resident by the time it starts.
   decode_ptx::launch_dependents();
+  // Launched as a programmatic dependent itself (the launcher's choice), this block may be resident while the
+  // stream's previous kernel still runs: nothing global is read or written before that grid has completed and
+  // its writes are visible. Otherwise (and below sm_90) a no-op.
+  decode_ptx::wait_prerequisites();
+  // Inputs are read with plain loads, never __ldg: ptxas treats a non-coherent (.nc) load as reading memory
+  // that does not change while the kernel runs and hoisted one above griddepcontrol.wait (seen in the SASS),
+  // where the previous kernel may still be writing it (q, lengths, the page table). Not __ldcg either: every
+  // block of a sequence reads its q, and L2-only loads of the same lines from 128 blocks cost 2-7 µs at B = 1.
 
   const int group_size = p.num_q_heads / p.num_kv_heads;
   const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
@@ -267,11 +276,31 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
   const int gq = lane / 4;        // mma group: row of A / C, column of B
   const int cq = 2 * (lane % 4);  // mma column pair
 
-  int kv_len = p.max_kv_len;
-  if (p.kv_lens_ptr != nullptr) kv_len = min(max(__ldg(p.kv_lens_ptr + b), 0), p.max_kv_len);
+  // Keys [start, end) are kept. reach: the split's end within max_kv_len, keys that have a page-table entry,
+  // whose page ids are read before the length is known (see read_page).
   const int64_t start64 = int64_t(split) * p.split_len;
-  const int start = int(min(start64, int64_t(kv_len)));
-  const int end = int(min(start64 + p.split_len, int64_t(kv_len)));
+  const int start = int(min(start64, int64_t(p.max_kv_len)));
+  const int reach = int(min(start64 + p.split_len, int64_t(p.max_kv_len)));
+  // The length loads now, and is used once the first page ids are on their way (below).
+  int kv_len = p.kv_lens_ptr != nullptr ? p.kv_lens_ptr[b] : p.max_kv_len;
+
+  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (ASTRAI_DECODE_PAGE_PREFETCH),
+  // so a tile's copies never wait on a page-table read. Read up to reach, not end, so that the first read does
+  // not wait for the length: the two loads are in flight together (issue drops the keys past end; H200, B = 1:
+  // paged 0.2-0.3 µs faster per call).
+  const int32_t* table_row = kPaged ? p.page_table_ptr + int64_t(b) * p.page_table_batch_stride : nullptr;
+  auto read_page = [&](int i) -> int {
+    const int t = start + (warp + i * kWarps) * kT + lane;
+    return lane < kT && t < reach ? table_row[t >> p.page_size_log2] : -1;
+  };
+  int page_ahead = kPaged && ASTRAI_DECODE_PAGE_PREFETCH ? read_page(0) : 0;
+  // An empty asm that takes the page id and "changes" the length: the compiler can neither compute with the
+  // length (and so wait for its load) before this point nor move the page-table read after it.
+  asm volatile("" : "+r"(kv_len) : "r"(page_ahead));
+  kv_len = min(max(kv_len, 0), p.max_kv_len);
+  const int end = int(min(start64 + p.split_len, int64_t(kv_len)));  // <= start: nothing kept
+  const int tiles = end > start ? (end - start + kT - 1) / kT : 0;
+  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
 
   // Q as the A fragment of S = Q K^T: {Q[g][16 ks + c..c+1], Q[g][16 ks + 8 + c..c+9]} (rows 8..15 are zero).
   uint32_t qa[kKS][2];  // (kKS, 2) bf16x2
@@ -281,8 +310,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
                                                              (int64_t(b) * p.q_batch_stride + int64_t(qh) * p.q_head_stride));
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
-      qa[ks][0] = __ldg(qrow + 8 * ks + cq / 2);
-      qa[ks][1] = __ldg(qrow + 8 * ks + 4 + cq / 2);
+      qa[ks][0] = qrow[8 * ks + cq / 2];
+      qa[ks][1] = qrow[8 * ks + 4 + cq / 2];
     }
   } else {
 #pragma unroll
@@ -295,24 +324,12 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
-  const int tiles = end > start ? (end - start + kT - 1) / kT : 0;
-  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
-
   const int chunk = lane % kChunks;
   const int row0 = lane / kChunks;
   const bf16* k_head = static_cast<const bf16*>(p.k_ptr) + (int64_t(kvh) * p.k_head_stride + chunk * 8);
   const bf16* v_head = static_cast<const bf16*>(p.v_ptr) + (int64_t(kvh) * p.v_head_stride + chunk * 8);
   const uint8_t* mask_row = p.mask_ptr == nullptr ? nullptr : p.mask_ptr + int64_t(b) * p.mask_batch_stride;
   unsigned char* warp_ring = sm_ring + warp * (kStages * Traits::kStageBytes);
-
-  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (ASTRAI_DECODE_PAGE_PREFETCH),
-  // so a tile's copies never wait on a page-table read.
-  const int32_t* table_row = kPaged ? p.page_table_ptr + int64_t(b) * p.page_table_batch_stride : nullptr;
-  auto read_page = [&](int i) -> int {
-    const int t = start + (warp + i * kWarps) * kT + lane;
-    return lane < kT && t < end ? __ldg(table_row + (t >> p.page_size_log2)) : -1;
-  };
-  int page_ahead = kPaged && ASTRAI_DECODE_PAGE_PREFETCH ? read_page(0) : 0;
 
   // Starts the copies of this warp's local tile `i` into ring slot `slot` and returns its keep bits (bit r:
   // key r of the tile). Lane r < kT decides key r (mask byte, page id); the copying lanes read the page ids
@@ -329,7 +346,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
         page = page_ahead;
         page_ahead = read_page(i + 1);
       } else if (keep) {
-        page = __ldg(table_row + (t >> p.page_size_log2));
+        page = table_row[t >> p.page_size_log2];
       }
       keep = keep && page >= 0 && page < p.num_pages;
     }

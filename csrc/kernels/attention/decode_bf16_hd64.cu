@@ -3,6 +3,6 @@
 
 namespace astrai {
 namespace attention {
-template cudaError_t launch_decode_split_kv<64>(const DecodeParams& p, cudaStream_t stream);
+template cudaError_t launch_decode_split_kv<64>(const DecodeParams& p, cudaStream_t stream, bool pdl);
 }  // namespace attention
 }  // namespace astrai

@@ -13,12 +13,6 @@
 #ifndef ASTRAI_DECODE_FUSED_MERGE
 #define ASTRAI_DECODE_FUSED_MERGE 0
 #endif
-// Two-kernel path only. 1: the combine launches as a programmatic dependent of the decode kernel (sm_90+ code
-// only), 0: never. Off: mixed on the H200 (sweeps of 2026-11-29): +3.5 µs at B = 1, L = 4096 with 64 splits,
-// -0.7 µs there with 32 splits, +0.7 µs at B = 16.
-#ifndef ASTRAI_DECODE_PDL
-#define ASTRAI_DECODE_PDL 0
-#endif
 
 namespace astrai {
 namespace attention {
@@ -26,8 +20,10 @@ namespace attention {
 // Launches decode_split_kv_kernel<kHeadDim, paged, tile> for params already checked by the launcher, the tile
 // DecodeDefaultTile<kHeadDim> or, for short splits and small-shared-memory GPUs, DecodeSmallSmemTile<kHeadDim>
 // (with num_splits > 1: the zeroed counters of the fused merge, or the combine, are the caller's).
+// pdl: launch as a programmatic dependent of the stream's previous kernel (only where the kernel's code for this
+// device is sm_90+, so that it holds the griddepcontrol.wait that guards its first global access).
 template <int kHeadDim>
-cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream);
+cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream, bool pdl = false);
 
 }  // namespace attention
 }  // namespace astrai

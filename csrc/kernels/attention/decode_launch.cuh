@@ -14,9 +14,10 @@ namespace astrai {
 namespace attention {
 
 // Launches decode_split_kv_kernel<kHeadDim, paged, Tile> for params already checked. With split_counters_ptr
-// (fused merge) the counters must be zero: the caller's memset, or left zero by a previous launch.
+// (fused merge) the counters must be zero: the caller's memset, or left zero by a previous launch. pdl: as a
+// programmatic dependent of the stream's previous kernel (see launch_decode_split_kv).
 template <int kHeadDim, class Tile>
-cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream, bool pdl = false) {
   using Traits = DecodeTraits<kHeadDim, Tile>;
   const int group_size = p.num_q_heads / p.num_kv_heads;
   const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
@@ -33,8 +34,17 @@ cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (status != cudaSuccess) return status;
   }
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(Traits::kThreads));
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
 // Whether a block of the current device may take `bytes` of dynamic shared memory (plus the decode kernel's
@@ -57,7 +67,7 @@ inline cudaError_t decode_smem_fits(int bytes, bool* fits) {
 }
 
 template <int kHeadDim>
-cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream, bool pdl) {
   using Tile = typename DecodeDefaultTile<kHeadDim>::type;
   using Small = typename DecodeSmallSmemTile<kHeadDim>::type;
   static_assert(DecodeTraits<kHeadDim, Tile>::merge_fits(kDecodeMaxSplits, kMaxGroup) &&
@@ -68,12 +78,12 @@ cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream) {
     // Splits shorter than one tile per warp of the default tile would leave warps idle: the smaller tile takes
     // them (H200, B = 1, L = 512, 64-key splits: 5.8-6.0 µs against 6.3 with the 8-warp tile). A function of the
     // plan only, so contiguous and paged K/V, and every batch on a fixed split, still share the tile.
-    if (p.split_len < Tile::kWarps * Tile::kTileKeys) return launch_decode_tile<kHeadDim, Small>(p, stream);
+    if (p.split_len < Tile::kWarps * Tile::kTileKeys) return launch_decode_tile<kHeadDim, Small>(p, stream, pdl);
     bool fits = false;
     ASTRAI_CUDA_TRY(decode_smem_fits(DecodeTraits<kHeadDim, Tile>::kSmemBytes, &fits));
-    if (!fits) return launch_decode_tile<kHeadDim, Small>(p, stream);
+    if (!fits) return launch_decode_tile<kHeadDim, Small>(p, stream, pdl);
   }
-  return launch_decode_tile<kHeadDim, Tile>(p, stream);
+  return launch_decode_tile<kHeadDim, Tile>(p, stream, pdl);
 }
 
 }  // namespace attention

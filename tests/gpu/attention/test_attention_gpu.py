@@ -173,6 +173,39 @@ def test_lengths_clamp_and_bad_page_ids_are_dropped():
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("split", [0, 64, 256], ids=["auto", "split64", "split256"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+def test_keys_past_the_length_or_masked_never_reach_the_output(paged, split, head_dim):
+    """The first tiles of every split are copied before the sequence's length (and mask) are read: keys past the
+    length, masked keys and keys of splits that keep nothing land in shared memory. NaN and Inf in every one of
+    them (and in every page slot the table names past the length) must not reach the output: finite, at the
+    truth computed from the clean K/V."""
+    lens_list = [4000, 1, 65, 700, 0, 2049]
+    batch, length = len(lens_list), 4096
+    q = rand_bf16(batch, 8, head_dim)
+    k, v = rand_bf16(batch, length, 2, head_dim), rand_bf16(batch, length, 2, head_dim)
+    lens = lens_tensor(lens_list)
+    mask = torch.rand(batch, length, device=DEVICE) > 0.2
+    past = torch.arange(length, device=DEVICE)[None, :] >= lens[:, None]
+    bad = past | ~mask
+    poison = torch.where(torch.rand(batch, length, 1, 1, device=DEVICE) > 0.5, float("nan"), float("inf"))
+    k_bad = torch.where(bad[:, :, None, None], poison.to(BF16), k)
+    v_bad = torch.where(bad[:, :, None, None], -poison.to(BF16), v)
+    if paged:
+        k_cache, v_cache, table = make_paged(k_bad, v_bad, lens, 16)
+        unnamed = torch.ones(k_cache.shape[0], dtype=torch.bool, device=DEVICE)
+        unnamed[table.long().flatten()] = False
+        k_cache[unnamed] = float("nan")  # pages the table does not name
+        v_cache[unnamed] = float("nan")
+        out = ops.attn_paged_decode(q, k_cache, v_cache, table, lens, mask=mask, kv_split_size=split)
+    else:
+        out = ops.attn_decode(q, k_bad, v_bad, lens, mask=mask, kv_split_size=split)
+    assert torch.isfinite(out.float()).all(), "a dropped key's NaN or Inf reached the output"
+    assert_matches_truth(out, q, k, v, kv_lens=lens, attn_mask=mask, what=f"poisoned, split {split}")
+    assert torch.equal(out[4], torch.zeros_like(out[4]))  # length 0
+
+
 def test_empty_batch_and_zero_lengths():
     q, k = rand_bf16(0, 8, 128), rand_bf16(0, 10, 2, 128)
     assert ops.attn_decode(q, k, k).shape == (0, 8, 128)
@@ -257,6 +290,60 @@ def test_cuda_graph_replay_is_bitwise_identical_to_eager(paged):
         torch.cuda.synchronize()
         assert_bitwise_equal(static_out, want, f"graph replay {trial}")
     assert_detects_perturbation(static_out)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
+@pytest.mark.parametrize("batch,length", [(1, 4096), (2, 3001), (24, 700)], ids=["B1", "B2", "B24"])
+def test_launch_overlap_keeps_every_dependency(monkeypatch, paged, batch, length):
+    """On sm_90+ each decode launch (and the combine) may start while the stream's previous kernel still runs
+    (programmatic dependent launch) and must wait for it before touching memory. A chain where every kernel
+    reads what the one before it wrote: each call's q is the previous call's output (through the combine where
+    there are splits: B = 1 and 2), and in the paged case the append writes each step's last key and value
+    right before the decode reads them; partial buffers freed by one call may be the next call's. The same bits
+    with the overlap off (ASTRAI_DECODE_PDL=0), eagerly and in a replayed graph."""
+    steps = 6
+    q0 = rand_bf16(batch, 32, 128)
+    k, v = rand_bf16(batch, length, 8, 128), rand_bf16(batch, length, 8, 128)
+    lens = lens_tensor([length - (3 * b) % 17 for b in range(batch)])
+    k_cache, v_cache, table = make_paged(k, v, lens, 16)
+    k_new, v_new = rand_bf16(steps, batch, 8, 128), rand_bf16(steps, batch, 8, 128)
+    seq_ids = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    positions = lens - 1
+
+    def chain(q, out):
+        for i in range(steps):
+            if paged:
+                ops.paged_kv_append(k_cache, v_cache, k_new[i], v_new[i], table, seq_ids, positions)
+                q = ops.attn_paged_decode(q, k_cache, v_cache, table, lens)
+            else:
+                q = ops.attn_decode(q, k, v, lens)
+            out[i].copy_(q)
+        return out
+
+    serial_out = torch.full((steps, batch, 32, 128), float("nan"), dtype=BF16, device=DEVICE)
+    monkeypatch.setenv("ASTRAI_DECODE_PDL", "0")
+    chain(q0, serial_out)
+    monkeypatch.delenv("ASTRAI_DECODE_PDL")
+    eager_out = torch.full_like(serial_out, float("nan"))
+    chain(q0, eager_out)
+    assert_bitwise_equal(eager_out, serial_out, "eager, overlap on vs off")
+
+    static_q = q0.clone()
+    graph_out = torch.full_like(serial_out, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(static_q, graph_out)  # warm-up (the cache's last keys are rewritten with the same values)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(static_q, graph_out)
+    graph_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(graph_out, serial_out, "graph replay, overlap on vs eager with it off")
+    assert torch.isfinite(serial_out.float()).all()
+    assert_detects_perturbation(serial_out)
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
