@@ -169,7 +169,7 @@ def test_prefill(benchmark, batch, length, causal, kind):
                                       is_causal=causal)
 
     step = {"contiguous": contiguous, "paged16": paged,
-            "contig-mma": bench_attention._prefill_kernel_knob("0", contiguous)}[kind]
+            "contig-mma": bench_attention._with_env("ASTRAI_PREFILL_SM90", "0", contiguous)}[kind]
 
     def eager_call():
         step(s)

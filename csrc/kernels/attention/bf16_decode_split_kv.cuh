@@ -276,31 +276,11 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
   const int gq = lane / 4;        // mma group: row of A / C, column of B
   const int cq = 2 * (lane % 4);  // mma column pair
 
-  // Keys [start, end) are kept. reach: the split's end within max_kv_len, keys that have a page-table entry,
-  // whose page ids are read before the length is known (see read_page).
+  int kv_len = p.max_kv_len;
+  if (p.kv_lens_ptr != nullptr) kv_len = min(max(p.kv_lens_ptr[b], 0), p.max_kv_len);
   const int64_t start64 = int64_t(split) * p.split_len;
-  const int start = int(min(start64, int64_t(p.max_kv_len)));
-  const int reach = int(min(start64 + p.split_len, int64_t(p.max_kv_len)));
-  // The length loads now, and is used once the first page ids are on their way (below).
-  int kv_len = p.kv_lens_ptr != nullptr ? p.kv_lens_ptr[b] : p.max_kv_len;
-
-  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (ASTRAI_DECODE_PAGE_PREFETCH),
-  // so a tile's copies never wait on a page-table read. Read up to reach, not end, so that the first read does
-  // not wait for the length: the two loads are in flight together (issue drops the keys past end; H200, B = 1:
-  // paged 0.2-0.3 µs faster per call).
-  const int32_t* table_row = kPaged ? p.page_table_ptr + int64_t(b) * p.page_table_batch_stride : nullptr;
-  auto read_page = [&](int i) -> int {
-    const int t = start + (warp + i * kWarps) * kT + lane;
-    return lane < kT && t < reach ? table_row[t >> p.page_size_log2] : -1;
-  };
-  int page_ahead = kPaged && ASTRAI_DECODE_PAGE_PREFETCH ? read_page(0) : 0;
-  // An empty asm that takes the page id and "changes" the length: the compiler can neither compute with the
-  // length (and so wait for its load) before this point nor move the page-table read after it.
-  asm volatile("" : "+r"(kv_len) : "r"(page_ahead));
-  kv_len = min(max(kv_len, 0), p.max_kv_len);
-  const int end = int(min(start64 + p.split_len, int64_t(kv_len)));  // <= start: nothing kept
-  const int tiles = end > start ? (end - start + kT - 1) / kT : 0;
-  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
+  const int start = int(min(start64, int64_t(kv_len)));
+  const int end = int(min(start64 + p.split_len, int64_t(kv_len)));
 
   // Q as the A fragment of S = Q K^T: {Q[g][16 ks + c..c+1], Q[g][16 ks + 8 + c..c+9]} (rows 8..15 are zero).
   uint32_t qa[kKS][2];  // (kKS, 2) bf16x2
@@ -324,12 +304,24 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 
+  const int tiles = end > start ? (end - start + kT - 1) / kT : 0;
+  const int my_tiles = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;
+
   const int chunk = lane % kChunks;
   const int row0 = lane / kChunks;
   const bf16* k_head = static_cast<const bf16*>(p.k_ptr) + (int64_t(kvh) * p.k_head_stride + chunk * 8);
   const bf16* v_head = static_cast<const bf16*>(p.v_ptr) + (int64_t(kvh) * p.v_head_stride + chunk * 8);
   const uint8_t* mask_row = p.mask_ptr == nullptr ? nullptr : p.mask_ptr + int64_t(b) * p.mask_batch_stride;
   unsigned char* warp_ring = sm_ring + warp * (kStages * Traits::kStageBytes);
+
+  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (ASTRAI_DECODE_PAGE_PREFETCH),
+  // so a tile's copies never wait on a page-table read.
+  const int32_t* table_row = kPaged ? p.page_table_ptr + int64_t(b) * p.page_table_batch_stride : nullptr;
+  auto read_page = [&](int i) -> int {
+    const int t = start + (warp + i * kWarps) * kT + lane;
+    return lane < kT && t < end ? table_row[t >> p.page_size_log2] : -1;
+  };
+  int page_ahead = kPaged && ASTRAI_DECODE_PAGE_PREFETCH ? read_page(0) : 0;
 
   // Starts the copies of this warp's local tile `i` into ring slot `slot` and returns its keep bits (bit r:
   // key r of the tile). Lane r < kT decides key r (mask byte, page id); the copying lanes read the page ids
