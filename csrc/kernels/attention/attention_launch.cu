@@ -89,12 +89,12 @@ cudaError_t sm_count_of_current_device(int* sm_count) {
   return cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
 }
 
-// Whether the decode launches (the split kernel and the combine) go as programmatic dependents of the stream's
-// previous kernel: ASTRAI_DECODE_PDL=0 in the environment (read at each launch) says never; otherwise only where
-// this image's code for the current device is sm_90+ (ptxVersion >= 90: it holds the griddepcontrol.wait that
-// guards each kernel's first global access; a compute_80 PTX image JIT-compiled for an H200 does not). Every
-// kernel of an image is compiled for the same arches, so the combine stands for all of them. The image check is
-// cached per device: the answer is fixed for the process.
+// Whether the decode launches (the split kernel of a plan with splits, and the combine) go as programmatic
+// dependents of the stream's previous kernel: ASTRAI_DECODE_PDL=0 in the environment (read at each launch) says
+// never; otherwise only where this image's code for the current device is sm_90+ (ptxVersion >= 90: it holds the
+// griddepcontrol.wait that guards each kernel's first global access; a compute_80 PTX image JIT-compiled for an
+// H200 does not). Every kernel of an image is compiled for the same arches, so the combine stands for all of
+// them. The image check is cached per device: the answer is fixed for the process.
 cudaError_t decode_pdl_enabled(bool* pdl) {
   *pdl = false;
   const char* knob = std::getenv("ASTRAI_DECODE_PDL");
@@ -189,7 +189,11 @@ cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t str
     ASTRAI_CUDA_TRY(cudaMemsetAsync(p.split_counters_ptr, 0, size_t(decode_split_counters(p)) * 4, stream));
     return launch_decode_kernel(p, stream, false);
   }
-  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream, pdl));
+  // The decode kernel overlaps its predecessor only in plans with splits (short calls: at B = 1 it saved 0.5-1.1 µs
+  // of 6-37 µs on the H200). A one-split plan is a long call where the overlap saved <= 0.4% for contiguous K/V,
+  // and paged K/V ran up to 2% slower with it (B = 16, L = 16384: 246.0 against 241.4 µs), so it launches as
+  // before (the combine has nothing to follow then).
+  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream, pdl && p.num_splits > 1));
   if (p.num_splits == 1) return cudaSuccess;
   return attention::launch_decode_combine(p, stream, pdl);
 }

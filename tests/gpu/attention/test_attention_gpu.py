@@ -295,12 +295,13 @@ def test_cuda_graph_replay_is_bitwise_identical_to_eager(paged):
 @pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
 @pytest.mark.parametrize("batch,length", [(1, 4096), (2, 3001), (24, 700)], ids=["B1", "B2", "B24"])
 def test_launch_overlap_keeps_every_dependency(monkeypatch, paged, batch, length):
-    """On sm_90+ each decode launch (and the combine) may start while the stream's previous kernel still runs
-    (programmatic dependent launch) and must wait for it before touching memory. A chain where every kernel
-    reads what the one before it wrote: each call's q is the previous call's output (through the combine where
-    there are splits: B = 1 and 2), and in the paged case the append writes each step's last key and value
-    right before the decode reads them; partial buffers freed by one call may be the next call's. The same bits
-    with the overlap off (ASTRAI_DECODE_PDL=0), eagerly and in a replayed graph."""
+    """On sm_90+ the decode kernel of a plan with splits and the combine may start while the stream's previous
+    kernel still runs (programmatic dependent launch) and must wait for it before touching memory. A chain
+    where every kernel reads what the one before it wrote: each call's q is the previous call's output (through
+    the combine: B = 1 and 2 have splits; B = 24 has one split and launches as before, a control), and in the
+    paged case the append writes each step's last key and value right before the decode reads them; partial
+    buffers freed by one call may be the next call's. The same bits with the overlap off (ASTRAI_DECODE_PDL=0),
+    eagerly and in a replayed graph."""
     steps = 6
     q0 = rand_bf16(batch, 32, 128)
     k, v = rand_bf16(batch, length, 8, 128), rand_bf16(batch, length, 8, 128)
