@@ -5,6 +5,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
+#include "kernels/attention/decode_dispatch.h"
 
 namespace astrai {
 namespace attention {
@@ -121,17 +122,8 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
 inline cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, bool pdl) {
   // One block per (b, q head) row: kCombineLanes split lanes x D/8 chunks (64..256 threads).
   const int64_t rows = int64_t(p.batch) * p.num_q_heads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(rows));
-  config.blockDim = dim3(unsigned((p.head_dim / 8) * kCombineLanes));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
+  const dim3 block(unsigned((p.head_dim / 8) * kCombineLanes));
+  return launch_decode_grid(decode_combine_kernel, dim3(unsigned(rows)), block, 0, stream, pdl, p);
 }
 
 }  // namespace attention

@@ -34,17 +34,7 @@ cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream, bool 
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (status != cudaSuccess) return status;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(unsigned(Traits::kThreads));
-  config.dynamicSmemBytes = Traits::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
+  return launch_decode_grid(kernel, grid, dim3(unsigned(Traits::kThreads)), Traits::kSmemBytes, stream, pdl, p);
 }
 
 // Whether a block of the current device may take `bytes` of dynamic shared memory (plus the decode kernel's
