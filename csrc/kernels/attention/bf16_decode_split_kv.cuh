@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
   decode_ptx::wait_prerequisites();
   // Inputs are read with plain loads, never __ldg: ptxas treats a non-coherent (.nc) load as reading memory
   // that does not change while the kernel runs and hoisted one above griddepcontrol.wait (seen in the SASS),
-  // where the previous kernel may still be writing it (q, lengths, the page table). Not __ldcg either: every
-  // block of a sequence reads its q, and L2-only loads of the same lines from 128 blocks cost 2-7 µs at B = 1.
+  // where the previous kernel may still be writing it (q, lengths, the page table). Not __ldcg (L2 only) either:
+  // 2-7 µs slower at B = 1 on the H200, presumably the 16 blocks of a kv head each reading its q from L2.
 
   const int group_size = p.num_q_heads / p.num_kv_heads;
   const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
