@@ -4,14 +4,13 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_combine.cuh"
 #include "kernels/attention/bf16_paged_kv_append.cuh"
 #include "kernels/attention/decode_dispatch.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/env_knob.h"
 
 namespace astrai {
 namespace {
@@ -97,8 +96,7 @@ cudaError_t sm_count_of_current_device(int* sm_count) {
 // them. The image check is cached per device: the answer is fixed for the process.
 cudaError_t decode_pdl_enabled(bool* pdl) {
   *pdl = false;
-  const char* knob = std::getenv("ASTRAI_DECODE_PDL");
-  if (knob != nullptr && std::strcmp(knob, "0") == 0) return cudaSuccess;
+  if (env_knob_off("ASTRAI_DECODE_PDL")) return cudaSuccess;
   constexpr int kMaxDevices = 64;
   static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
   int device = 0;

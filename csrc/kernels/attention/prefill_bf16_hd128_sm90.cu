@@ -2,12 +2,11 @@
 // image like the rest of the family; only the sm_90a pass has a kernel body (bf16_prefill_sm90.cuh).
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/attention/bf16_prefill_sm90.cuh"
 #include "kernels/attention/prefill_dispatch.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/env_knob.h"
 
 namespace astrai {
 namespace attention {
@@ -98,8 +97,7 @@ bool encode_kv_map(CUtensorMap* map, const void* ptr, int64_t heads, int64_t hea
 PrefillSm90KvMaps kv_maps(const PrefillParams& p) {
   using Tr = PrefillSm90Traits;
   PrefillSm90KvMaps maps{};
-  const char* knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
-  if (knob != nullptr && std::strcmp(knob, "0") == 0) return maps;
+  if (env_knob_off("ASTRAI_PREFILL_SM90_TMA")) return maps;
   const bool ragged = !p.paged && p.kv_indptr_ptr != nullptr;
   const int64_t rows = p.paged ? int64_t(1) << p.page_size_log2 : p.max_kv_len;
   const int64_t outer = p.paged ? p.num_pages : ragged ? 1 : p.batch;
@@ -138,8 +136,7 @@ bool prefill_sm90_usable(const PrefillParams& p) {
   // a min: the mma.sync kernel serves it.
   if (p.head_dim != 128 || !(p.scale_log2 > 0.f)) return false;
   if (p.paged && (1 << p.page_size_log2) < PrefillSm90Traits::kGroupRows) return false;
-  const char* knob = std::getenv("ASTRAI_PREFILL_SM90");
-  if (knob != nullptr && std::strcmp(knob, "0") == 0) return false;
+  if (env_knob_off("ASTRAI_PREFILL_SM90")) return false;
   return sm90a_device_sms() > 0;
 }
 
