@@ -19,6 +19,7 @@ from reference import attention as ref
 import astrai.extension as ext
 from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attn_backend, set_op
 from astrai.extension.backend import attention as backend
+from astrai.extension.backend import paged_kv_cache
 from astrai.extension.ops import attention as ops
 
 kernels = pytest.mark.requires_cuda_kernels("attention")
@@ -309,7 +310,7 @@ def test_paged_append_reference_is_bitwise_and_drops_out_of_range():
     k_new, v_new = rand(8, 2, 8, dtype=torch.bfloat16), rand(8, 2, 8, dtype=torch.bfloat16)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     ref.paged_append(want_k, want_v, k_new, v_new, page_table, seq_ids, positions)
-    backend.append_reference(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions)
+    paged_kv_cache.append_reference(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions)
     assert torch.equal(k_cache.view(torch.int16), want_k.view(torch.int16))
     assert torch.equal(v_cache.view(torch.int16), want_v.view(torch.int16))
     assert torch.equal(k_cache[3, 0], k_new[0]) and torch.equal(k_cache[5, 3], k_new[4])

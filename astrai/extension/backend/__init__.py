@@ -1,8 +1,9 @@
-"""Policy layer, one module per op family: capability checks, choice of implementation, torch fallbacks.
+"""Policy layer, one module per op family: capability checks, choice of implementation, torch fallbacks; and
+`paged_kv_cache`, the storage that attention reads.
 
 Importing this package loads no kernel.
 """
 
-from astrai.extension.backend import attention, quantize, rotary
+from astrai.extension.backend import attention, paged_kv_cache, quantize, rotary
 
-__all__ = ["attention", "quantize", "rotary"]
+__all__ = ["attention", "paged_kv_cache", "quantize", "rotary"]
