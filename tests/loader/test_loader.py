@@ -653,3 +653,31 @@ def test_unreadable_root_is_a_reason(fake, monkeypatch):
     sel = fake.select()
     assert (sel.roots[0].status, sel.roots[0].note) == ("unreadable", "cannot be read: Permission denied")
     assert sel.chosen is None
+
+
+# --- the façade ------------------------------------------------------------------------------------------
+
+# Every public name of loader.py before it was split into parts (dee9cd6): each still resolves on the façade.
+FACADE_NAMES = [
+    "Arch", "CONDA_SUBDIR", "ENV_CONDA_PREFIX", "ENV_IGNORE_PACKAGE_IMAGES", "ENV_IMAGE", "ENV_IMAGE_PATH",
+    "FamilyUnavailableError", "INFO_COMMAND", "ImageRecord", "Library", "OVERRIDE_VARS", "PACKAGE_LIB_DIR",
+    "PTXJITWarning", "Root", "SCHEMA_VERSION", "SOURCE_CONDA", "SOURCE_ENV", "SOURCE_PACKAGE", "Selection",
+    "describe", "family_available", "find_smoke_test", "format_info", "format_verify", "info", "load_family",
+    "load_library", "loaded_families", "parse_arch", "query_devices", "query_driver_version", "query_torch",
+    "reset", "selection", "sha256_file", "torch_cuda_available", "verify",
+]
+
+
+def test_facade_keeps_every_public_name():
+    missing = [name for name in FACADE_NAMES if not hasattr(loader, name)]
+    assert missing == []
+    assert sorted(loader.__all__) == sorted(set(FACADE_NAMES) | {"Device"})
+
+
+def test_patched_queries_reach_the_selection(fake, monkeypatch):
+    fake.gpu(H200)
+    fake.image("cu130")
+    monkeypatch.setattr(loader, "query_devices", lambda: ((), "patched: no device"))
+    loader.reset()
+    assert loader.selection().devices_reason == "patched: no device"
+    assert loader.describe()["devices_reason"] == "patched: no device"
