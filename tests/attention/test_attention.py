@@ -868,6 +868,105 @@ def test_prefill_wrappers_check_indptr_then_the_op_runs():
         ops.attn_paged_prefill(p["q"], p["k"], p["v"], p["page_table"], p["kv_lens"], qo_indptr=bad)
 
 
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+# page_size 16, 10 pages; row b reads ceil(kv_lens[b] / 16) entries of its row of 4
+GOOD_TABLE = [[3, 1, -1, 77], [0, 9, 5, 2], [4, -1, -1, -1]]  # unread entries may hold anything
+GOOD_LENS = [20, 64, 16]
+
+
+@pytest.mark.parametrize("table,lens,message", [
+    (GOOD_TABLE, [20, 65, 16], r"kv_lens\[1\] = 65 is outside \[0, max_pages \* page_size\] = \[0, 64\]"),
+    (GOOD_TABLE, [20, 64, -1], r"kv_lens\[2\] = -1 is outside"),
+    (GOOD_TABLE, [33, 64, 16], r"page_table\[0, 2\] = -1 is outside \[0, num_pages\) = \[0, 10\) "
+                               r"\(k_cache.size\(0\)\); sequence 0 reads the first 3 entries of its row "
+                               r"\(kv_lens\[0\] = 33, page_size 16\)"),
+    ([[3, 1, -1, 77], [0, 10, 5, 2], [4, -1, -1, -1]], GOOD_LENS, r"page_table\[1, 1\] = 10 is outside"),
+    ([[3, 1, -1, 77], [0, 9, 5, 2], [-4, -1, -1, -1]], [20, 64, 1], r"page_table\[2, 0\] = -4 is outside"),
+])
+def test_page_range_check(table, lens, message):
+    """The paged calls' opt-in one-sync check (no image needed: it runs before the op)."""
+    with pytest.raises(ValueError, match=r"astrai\.attn_paged_decode: " + message):
+        ops.check_page_range("astrai.attn_paged_decode", _i32(table), _i32(lens), 10, 16)
+
+
+def test_page_range_check_passes_what_is_in_range_and_leaves_the_rest_to_the_op():
+    ops.check_page_range("op", _i32(GOOD_TABLE), _i32(GOOD_LENS), 10, 16)
+    ops.check_page_range("op", _i32([[0], [1]]), _i32([0, 0]), 2, 16)   # length 0 reads no entry
+    ops.check_page_range("op", torch.zeros(0, 4, dtype=torch.int32), _i32([]), 10, 16)
+    bad_table = _i32([[-1, -1, -1, -1]] * 3)
+    ops.check_page_range("op", bad_table.long(), _i32(GOOD_LENS), 10, 16)      # int64: left to the op
+    ops.check_page_range("op", bad_table, _i32(GOOD_LENS[:2]), 10, 16)         # B mismatch: left to the op
+    ops.check_page_range("op", _meta(3, 4, dtype=torch.int32), _meta(3, dtype=torch.int32), 10, 16)  # no values
+
+
+@pytest.mark.parametrize("seq_ids,positions,message", [
+    ([0, 1, 3, 1], [0, 1, 2, 3], r"seq_ids\[2\] = 3 is outside \[0, page_table.size\(0\)\) = \[0, 3\)"),
+    ([0, 1, 2, -1], [0, 1, 2, 3], r"seq_ids\[3\] = -1 is outside"),
+    ([0, 1, 2, 1], [0, 64, 2, 3], r"positions\[1\] = 64 is outside \[0, max_pages \* page_size\) = \[0, 64\) "
+                                  r"\(page_table \[3, 4\], page_size 16\)"),
+    ([0, 1, 2, 1], [0, 1, 17, 3], r"token 2 \(seq_ids\[2\] = 2, positions\[2\] = 17\) lands in "
+                                  r"page_table\[2, 1\] = -1, outside \[0, num_pages\) = \[0, 10\)"),
+    ([0, 0, 2, 1], [0, 63, 2, 3], r"token 1 .* page_table\[0, 3\] = 77, outside"),
+])
+def test_append_range_check(seq_ids, positions, message):
+    with pytest.raises(ValueError, match=r"astrai\.paged_kv_append: " + message):
+        ops.check_append_range("astrai.paged_kv_append", _i32(GOOD_TABLE), _i32(seq_ids), _i32(positions), 10, 16)
+    ops.check_append_range("op", _i32(GOOD_TABLE), _i32([0, 0, 1, 2]), _i32([0, 17, 63, 15]), 10, 16)
+    ops.check_append_range("op", _i32(GOOD_TABLE), _i32(seq_ids).long(), _i32(positions), 10, 16)  # int64: the op
+    ops.check_append_range("op", _i32(GOOD_TABLE), _i32(seq_ids), _i32(positions)[:2], 10, 16)    # N mismatch
+    ops.check_append_range("op", torch.zeros(0, 4, dtype=torch.int32), _i32([]), _i32([]), 10, 16)  # no token
+
+
+@kernels
+def test_paged_wrappers_check_pages_only_when_asked():
+    """check_pages=True stops a bad page id before the op; off (the default) the op runs (here: stops at the
+    device, the CPU)."""
+    ops.load()
+    d = _valid_decode(paged=True)
+    d["page_table"][1, 2] = 10
+    with pytest.raises(ValueError, match=r"astrai\.attn_paged_decode: page_table\[1, 2\] = 10 is outside"):
+        ops.attn_paged_decode(d["q"], d["k"], d["v"], d["page_table"], d["kv_lens"], check_pages=True)
+    with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
+        ops.attn_paged_decode(d["q"], d["k"], d["v"], d["page_table"], d["kv_lens"])
+    p = valid_prefill("paged")
+    p["kv_lens"][0] = 65
+    with pytest.raises(ValueError, match=r"astrai\.attn_paged_prefill: kv_lens\[0\] = 65 is outside"):
+        ops.attn_paged_prefill(p["q"], p["k"], p["v"], p["page_table"], p["kv_lens"], check_pages=True)
+    with pytest.raises(RuntimeError, match="q must be a CUDA tensor"):
+        ops.attn_paged_prefill(p["q"], p["k"], p["v"], p["page_table"], p["kv_lens"])
+    a = _valid_append()
+    a["positions"][2] = 64
+    with pytest.raises(ValueError, match=r"astrai\.paged_kv_append: positions\[2\] = 64 is outside"):
+        ops.paged_kv_append(*a.values(), check_pages=True)
+    with pytest.raises(RuntimeError, match="k_cache must be a CUDA tensor"):
+        ops.paged_kv_append(*a.values())
+
+
+def test_cache_with_check_pages_checks_every_append_and_read():
+    cache = PagedKVCache(1, 2, 8, num_pages=4, page_size=4, max_batch_size=2, check_pages=True)
+    cache.reset(2)
+    cache.extend([5, 3])
+    cache.append(0, rand(8, 2, 8), rand(8, 2, 8))
+    q = rand(2, 1, 4, 8)
+    attention(q, kv_cache=cache, layer_id=0)  # what extend wrote is in range
+    cache.page_table[0, 1] = 7                # a page id written by hand
+    with pytest.raises(ValueError, match=r"^attention: page_table\[0, 1\] = 7 is outside \[0, num_pages\) = "
+                                         r"\[0, 4\)"):
+        attention(q, kv_cache=cache, layer_id=0)
+    cache.extend(1)                           # rewrites the table from the allocator's pages
+    attention(q, kv_cache=cache, layer_id=0)
+    cache.page_table[0, 1] = 7
+    with pytest.raises(ValueError, match=r"^PagedKVCache\.append: token 0 \(seq_ids\[0\] = 0, positions\[0\] = "
+                                         r"5\) lands in page_table\[0, 1\] = 7"):
+        cache.append(0, rand(2, 2, 8), rand(2, 2, 8))
+    cache.check_pages = False                 # unchecked: the torch path drops the page, as the kernels do
+    cache.append(0, rand(2, 2, 8), rand(2, 2, 8))
+    assert attention(q, kv_cache=cache, layer_id=0).shape == q.shape
+
+
 def _meta(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device="meta")
 

@@ -570,7 +570,8 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
     k, v : Tensor, optional
         `[B, L, Hkv, D]`, Hq a multiple of Hkv. Omit them with `kv_cache`.
     kv_cache : PagedKVCache, optional
-        Keys and values of `layer_id` for the cache's active sequences (lengths from the cache).
+        Keys and values of `layer_id` for the cache's active sequences (lengths from the cache). A cache made
+        with `check_pages=True` has its page ids and lengths checked first (one host sync).
     fwd : {"decode", "prefill", None}
         None: decode when Lq == 1, else prefill. Other values raise ValueError.
     is_causal : bool
@@ -605,5 +606,7 @@ def attention(q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | 
     >>> out = attention(q_packed, kv_cache=cache, layer_id=0, qo_indptr=cu, is_causal=True)  # q_packed [80, 32, 128]
     """
     call = _canonical(q, k, v, kv_cache, layer_id, fwd, is_causal, attn_mask, scale, kv_lens, qo_indptr, kv_indptr)
+    if kv_cache is not None:
+        kv_cache.check_read("attention")
     out = select_backend(call).forward(call)
     return out[:, 0] if call.q_was_3d else out

@@ -28,6 +28,11 @@ class PagedKVCache:
     bf16, a bitwise-equal torch scatter elsewhere) and `attention(q, kv_cache=cache, layer_id=i)` reads
     them. `append` and attention are CUDA-graph capturable; `extend` is host bookkeeping.
 
+    `extend` only writes page ids and lengths in range. For a page table or lengths written by hand,
+    `check_pages=True` checks them before every `append` and every `attention` over the cache (the ops'
+    `check_page_range` / `check_append_range`: ValueError naming the first bad entry; one host sync each,
+    skipped under CUDA-graph capture and torch.compile); unchecked, the kernels drop what is out of range.
+
     Example
     -------
     >>> cache = PagedKVCache(32, 8, 128, num_pages=4096, page_size=16, max_batch_size=8, device="cuda")
@@ -41,7 +46,7 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, num_pages: int, page_size: int = 16,
                  max_batch_size: int, max_pages_per_seq: int | None = None, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, check_pages: bool = False):
         if page_size < 1 or page_size > ops.MAX_PAGE_SIZE or page_size & (page_size - 1):
             raise ValueError(f"PagedKVCache: page_size must be a power of two in [1, {ops.MAX_PAGE_SIZE}], "
                              f"got {page_size}")
@@ -58,6 +63,7 @@ class PagedKVCache:
         self.page_table = torch.full((max_batch_size, self.max_pages_per_seq), -1, dtype=torch.int32, device=device)
         self.kv_lens = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self.device = self.k.device
+        self.check_pages = bool(check_pages)
         self.reset(0)
 
     @property
@@ -128,6 +134,9 @@ class PagedKVCache:
             raise RuntimeError("PagedKVCache.append: call extend(num_new) first")
         k_new, v_new = self._flat(k_new, "k_new"), self._flat(v_new, "v_new")
         page_table = self.page_table[:self.batch_size]
+        if self.check_pages:
+            ops.check_append_range("PagedKVCache.append", page_table, self._seq_ids, self._positions,
+                                   self.num_pages, self.page_size)
         if (k_cache.is_cuda and k_cache.dtype == torch.bfloat16 and k_new.dtype == torch.bfloat16
                 and v_new.dtype == torch.bfloat16 and self.head_dim % 8 == 0 and loader.family_available(ops.FAMILY)):
             ops.paged_kv_append(k_cache, v_cache, k_new.contiguous(), v_new.contiguous(), page_table,
@@ -146,6 +155,13 @@ class PagedKVCache:
             raise ValueError(f"PagedKVCache.append: {name} must be {list(want)} (the tokens reserved by extend), "
                              f"got {list(t.shape)}")
         return t
+
+    def check_read(self, op: str) -> None:
+        """With `check_pages`, raise ValueError unless the active sequences' lengths and the page ids they read
+        are in range (`ops.attention.check_page_range`; one host sync). `attention` calls it."""
+        if self.check_pages:
+            ops.check_page_range(op, self.page_table[:self.batch_size], self.kv_lens[:self.batch_size],
+                                 self.num_pages, self.page_size)
 
     def gather(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Contiguous copies of one layer's active sequences: k, v `[B, capacity, Hkv, D]` and the valid

@@ -19,8 +19,10 @@ Ops (schemas in docs/contracts.md, "Attention ops"):
 bf16, head_dim 64/128/256, Hq a multiple of Hkv (GQA, MQA), softmax scale `1/sqrt(D)` unless given, fp32
 online softmax. Decode splits the KV and merges by log-sum-exp; prefill tiles the query rows (no KV split).
 These wrappers add only: loading the family on first use and registering the fake implementations, the 4-D
-q view of decode, the default scale, and for packed sequences an optional range check of the indptr arrays
-(one host sync; skipped under CUDA-graph capture and torch.compile). Everything else is checked by the op,
+q view of decode, the default scale, and optional range checks of the values the device would clamp or drop
+(one host sync each; skipped under CUDA-graph capture and torch.compile): the indptr arrays of packed
+sequences (`check_indptr`, on by default) and the page ids and lengths of the paged calls (`check_pages`,
+off by default: decode is latency-bound). Everything else is checked by the op,
 which raises `RuntimeError` naming the op and the argument. Code that wants "the best available
 implementation" calls `astrai.extension.attention` instead.
 
@@ -157,6 +159,103 @@ def check_indptr_range(op: str, indptrs: list[tuple[str, torch.Tensor, int, str]
                              f"device then clamps every range into [0, {total}]")
 
 
+def _first_true(flags: torch.Tensor) -> torch.Tensor:
+    """Index of the first True of a 1-D bool tensor, or its length when there is none (a 0-d device tensor)."""
+    return torch.cat([flags, flags.new_ones(1)]).to(torch.int32).argmax()
+
+
+def _skip_page_check(tensors: list[torch.Tensor], ranks: list[int], page_size: int) -> bool:
+    """True where `check_page_range` / `check_append_range` leave the call to the op: a tensor the op rejects
+    (dtype, rank, devices), a meta tensor, torch.compile tracing, CUDA-graph capture (no host sync possible)."""
+    if page_size < 1 or any(t.dim() != r or t.dtype != torch.int32 or t.is_meta for t, r in zip(tensors, ranks)):
+        return True
+    if any(t.device != tensors[0].device for t in tensors):
+        return True
+    return torch.compiler.is_compiling() or _capturing(tensors[0])
+
+
+def check_page_range(op: str, page_table: torch.Tensor, kv_lens: torch.Tensor, num_pages: int,
+                     page_size: int) -> None:
+    """Raise ValueError unless every length is in `[0, max_pages * page_size]` and every page id the call reads
+    is in `[0, num_pages)`; one host sync.
+
+    Sequence b reads the first `ceil(kv_lens[b] / page_size)` entries of `page_table[b]` (`[B, max_pages]`
+    int32; `kv_lens` `[B]` int32). Skipped (returns at once) as `check_indptr_range` is: for meta tensors,
+    tensors the op itself rejects (dtype, rank, B, devices), `torch.compile` tracing and CUDA-graph capture;
+    the device then clamps the lengths into that range and drops the keys of a page id out of range.
+    """
+    if _skip_page_check([page_table, kv_lens], [2, 1], page_size) or kv_lens.shape[0] != page_table.shape[0]:
+        return
+    batch, max_pages = page_table.shape
+    if batch == 0:
+        return
+    capacity = max_pages * page_size
+    lens = kv_lens.long()
+    bad_len = (lens < 0) | (lens > capacity)                                                        # [B]
+    reads = (lens.clamp(0, capacity) + page_size - 1) // page_size                                  # [B]
+    read = torch.arange(max_pages, device=lens.device)[None, :] < reads[:, None]                    # [B, max_pages]
+    ids = page_table.long()
+    bad_page = (read & ((ids < 0) | (ids >= num_pages))).flatten()                                  # [B * max_pages]
+    first_len, first_page = torch.stack([_first_true(bad_len), _first_true(bad_page)]).tolist()  # the one sync
+    if first_len < batch:
+        raise ValueError(f"{op}: kv_lens[{first_len}] = {int(kv_lens[first_len])} is outside [0, max_pages * "
+                         f"page_size] = [0, {capacity}] (page_table [{batch}, {max_pages}], page_size {page_size}); "
+                         f"unchecked (check_pages=False), the device clamps it into that range")
+    if first_page < bad_page.numel():
+        b, j = divmod(first_page, max_pages)
+        raise ValueError(f"{op}: page_table[{b}, {j}] = {int(page_table[b, j])} is outside [0, num_pages) = "
+                         f"[0, {num_pages}) (k_cache.size(0)); sequence {b} reads the first {int(reads[b])} entries "
+                         f"of its row (kv_lens[{b}] = {int(kv_lens[b])}, page_size {page_size}); unchecked "
+                         f"(check_pages=False), the device drops that page's keys")
+
+
+def check_append_range(op: str, page_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor,
+                       num_pages: int, page_size: int) -> None:
+    """Raise ValueError unless every token of a `paged_kv_append` lands in the cache: `seq_ids[n]` a row of
+    `page_table`, `positions[n]` in `[0, max_pages * page_size)` and the page id there in `[0, num_pages)`;
+    one host sync.
+
+    `page_table` `[rows, max_pages]` int32, `seq_ids` and `positions` `[N]` int32. Skipped as
+    `check_page_range` is; the device then skips every such token.
+    """
+    if (_skip_page_check([page_table, seq_ids, positions], [2, 1, 1], page_size)
+            or seq_ids.shape != positions.shape or seq_ids.numel() == 0):
+        return
+    rows, max_pages = page_table.shape
+    capacity = max_pages * page_size
+    seq, pos = seq_ids.long(), positions.long()
+    bad_seq = (seq < 0) | (seq >= rows)                                                             # [N]
+    bad_pos = (pos < 0) | (pos >= capacity)                                                         # [N]
+    if rows and max_pages:
+        ids = page_table.long()[seq.clamp(0, rows - 1), (pos // page_size).clamp(0, max_pages - 1)]  # [N]
+        bad_page = ~bad_seq & ~bad_pos & ((ids < 0) | (ids >= num_pages))
+    else:
+        bad_page = torch.zeros_like(bad_seq)  # every token already fails on its sequence or its position
+    firsts = torch.stack([_first_true(bad_seq), _first_true(bad_pos), _first_true(bad_page)]).tolist()  # the sync
+    n_tokens = seq.numel()
+    unchecked = "unchecked (check_pages=False), the device skips that token"
+    if firsts[0] < n_tokens:
+        n = firsts[0]
+        raise ValueError(f"{op}: seq_ids[{n}] = {int(seq_ids[n])} is outside [0, page_table.size(0)) = [0, {rows}); "
+                         f"{unchecked}")
+    if firsts[1] < n_tokens:
+        n = firsts[1]
+        raise ValueError(f"{op}: positions[{n}] = {int(positions[n])} is outside [0, max_pages * page_size) = "
+                         f"[0, {capacity}) (page_table [{rows}, {max_pages}], page_size {page_size}); {unchecked}")
+    if firsts[2] < n_tokens:
+        n = firsts[2]
+        s_n, p_n = int(seq_ids[n]), int(positions[n])
+        raise ValueError(f"{op}: token {n} (seq_ids[{n}] = {s_n}, positions[{n}] = {p_n}) lands in page_table"
+                         f"[{s_n}, {p_n // page_size}] = {int(page_table[s_n, p_n // page_size])}, outside "
+                         f"[0, num_pages) = [0, {num_pages}) (k_cache.size(0)); {unchecked}")
+
+
+def _pages(k_cache: torch.Tensor) -> tuple[int, int]:
+    """(num_pages, page_size) of a `[num_pages, page_size, Hkv, D]` cache; page_size 0 (no check) for another rank,
+    which the op rejects."""
+    return (k_cache.shape[0], k_cache.shape[1]) if k_cache.dim() == 4 else (0, 0)
+
+
 def _q3(q: torch.Tensor, op: str) -> torch.Tensor:
     """[B, 1, Hq, D] -> [B, Hq, D] (a view); other ranks pass through for the op to judge."""
     if q.dim() == 4:
@@ -190,8 +289,12 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: torc
     scale : float, optional
         Softmax scale; default `1/sqrt(D)`.
     kv_split_size : int
-        Keys per KV split; 0 picks it from the shapes and the SM count. A fixed value makes each
-        sequence's result independent of the rest of the batch (batch invariance).
+        At most this many keys per KV split, after rounding it up to a multiple of 64 (S, the kernels' key
+        step): max_kv_len (L here, `max_pages * page_size` paged) is spread over `ceil(max_kv_len / S)` splits
+        (at most 1024) of one length rounded up to a multiple of 64, so a split may be shorter than S (L = 1000
+        with 640: two splits of 512 keys). 0 picks the count from the shapes and the SM count. A fixed value
+        makes each sequence's result independent of the rest of the batch at one max_kv_len (batch
+        invariance). No Python call reports the plan; a launch that fails names it (`splits=<count>x<keys>`).
 
     Returns
     -------
@@ -212,7 +315,7 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: torc
 
 def attn_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                       kv_lens: torch.Tensor, *, mask: torch.Tensor | None = None, scale: float | None = None,
-                      kv_split_size: int = 0) -> torch.Tensor:
+                      kv_split_size: int = 0, check_pages: bool = False) -> torch.Tensor:
     """Decode attention over a paged KV cache: `torch.ops.astrai.attn_paged_decode`.
 
     Parameters
@@ -230,12 +333,19 @@ def attn_paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         `[B, M]` bool, True = keep; keys at positions >= M are dropped.
     scale, kv_split_size
         As in `attn_decode`.
+    check_pages : bool
+        Check before launch that every `kv_lens[b]` is in `[0, max_pages * page_size]` and every page id the
+        call reads (the first `ceil(kv_lens[b] / page_size)` of row b) is in `[0, num_pages)`; ValueError
+        naming the first bad entry (`check_page_range`). One host sync, hence off by default; skipped under
+        CUDA-graph capture and torch.compile, as `check_indptr` is.
 
     Example
     -------
     >>> out = attn_paged_decode(q, cache.k[layer], cache.v[layer], cache.page_table, cache.kv_lens)
     """
     load()
+    if check_pages:
+        check_page_range(OP_PAGED_DECODE, page_table, kv_lens, *_pages(k_cache))
     q3 = _q3(q, OP_PAGED_DECODE)
     out = torch.ops.astrai.attn_paged_decode(q3, k_cache, v_cache, page_table, kv_lens, mask, _scale(q, scale),
                                              int(kv_split_size))
@@ -325,7 +435,7 @@ def attn_prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_in
 def attn_paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                        kv_lens: torch.Tensor, *, qo_indptr: torch.Tensor | None = None,
                        mask: torch.Tensor | None = None, is_causal: bool = False, scale: float | None = None,
-                       check_indptr: bool = True) -> torch.Tensor:
+                       check_indptr: bool = True, check_pages: bool = False) -> torch.Tensor:
     """Prefill attention over a paged KV cache: `torch.ops.astrai.attn_paged_prefill`.
 
     Parameters
@@ -349,6 +459,8 @@ def attn_paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         Row i of a sequence with m rows and n keys sees keys `j <= n - m + i` (the rows are the last m keys).
     scale, check_indptr
         As in `attn_prefill_ragged`.
+    check_pages : bool
+        As in `attn_paged_decode` (off by default; one more host sync).
 
     Returns
     -------
@@ -363,12 +475,15 @@ def attn_paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     _load_prefill(OP_PAGED_PREFILL)
     if qo_indptr is not None and check_indptr:
         check_indptr_range(OP_PAGED_PREFILL, [("qo_indptr", qo_indptr, q.shape[0], "q.size(0)")])
+    if check_pages:
+        check_page_range(OP_PAGED_PREFILL, page_table, kv_lens, *_pages(k_cache))
     return torch.ops.astrai.attn_paged_prefill(q, k_cache, v_cache, qo_indptr, page_table, kv_lens, mask,
                                                bool(is_causal), _scale(q, scale))
 
 
 def paged_kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                    page_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor) -> None:
+                    page_table: torch.Tensor, seq_ids: torch.Tensor, positions: torch.Tensor, *,
+                    check_pages: bool = False) -> None:
     """Write new tokens into a paged cache in one launch: `torch.ops.astrai.paged_kv_append`.
 
     Token n of `k_new`/`v_new` (`[N, Hkv, D]` bf16) goes to sequence `seq_ids[n]` (`[N]` int32, a row of
@@ -376,11 +491,17 @@ def paged_kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: torch.T
     `pos % page_size`. Tokens whose sequence, position or page id is out of range are not written. Two
     tokens aimed at one slot race (which one lands is undefined). Bitwise copies.
 
+    `check_pages=True` checks before launch that every token lands (`check_append_range`: ValueError naming
+    the first token whose sequence, position or page id is out of range); one host sync, off by default,
+    skipped under CUDA-graph capture and torch.compile.
+
     Example
     -------
     >>> paged_kv_append(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions)
     """
     load()
+    if check_pages:
+        check_append_range(OP_APPEND, page_table, seq_ids, positions, *_pages(k_cache))
     torch.ops.astrai.paged_kv_append(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions)
 
 

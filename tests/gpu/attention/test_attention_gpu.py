@@ -173,6 +173,63 @@ def test_lengths_clamp_and_bad_page_ids_are_dropped():
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+def test_check_pages_stops_bad_ids_on_cuda_and_keeps_the_bits():
+    """check_pages=True on CUDA tensors: a bad page id, length or append position raises before the launch;
+    in range, the output is bitwise the unchecked one."""
+    batch, length, ps = 3, 256, 16
+    q, k, v = rand_bf16(batch, 8, 128), rand_bf16(batch, length, 2, 128), rand_bf16(batch, length, 2, 128)
+    lens = lens_tensor([256, 1, 200])
+    k_cache, v_cache, table = make_paged(k, v, lens, ps)
+    checked = ops.attn_paged_decode(q, k_cache, v_cache, table, lens, check_pages=True)
+    assert_bitwise_equal(checked, ops.attn_paged_decode(q, k_cache, v_cache, table, lens), "checked decode")
+    q_rows = rand_bf16(batch, 5, 8, 128)
+    checked = ops.attn_paged_prefill(q_rows, k_cache, v_cache, table, lens, is_causal=True, check_pages=True)
+    assert_bitwise_equal(checked, ops.attn_paged_prefill(q_rows, k_cache, v_cache, table, lens, is_causal=True),
+                         "checked prefill")
+    bad = table.clone()
+    bad[2, 12] = k_cache.shape[0]  # read by sequence 2 (200 keys: entries 0..12)
+    with pytest.raises(ValueError, match=rf"astrai\.attn_paged_decode: page_table\[2, 12\] = {k_cache.shape[0]}"):
+        ops.attn_paged_decode(q, k_cache, v_cache, bad, lens, check_pages=True)
+    with pytest.raises(ValueError, match=r"astrai\.attn_paged_prefill: kv_lens\[0\] = 257 is outside"):
+        ops.attn_paged_prefill(q_rows, k_cache, v_cache, table, lens + 1, check_pages=True)
+    k_new, v_new = rand_bf16(2, 2, 128), rand_bf16(2, 2, 128)
+    with pytest.raises(ValueError, match=r"astrai\.paged_kv_append: positions\[1\] = 256 is outside"):
+        ops.paged_kv_append(k_cache, v_cache, k_new, v_new, table, lens_tensor([0, 1]), lens_tensor([3, 256]),
+                            check_pages=True)
+
+
+def test_check_pages_is_skipped_under_graph_capture():
+    """The check needs a host sync, which capture forbids: captured with check_pages=True, the graph holds the
+    plain launch, and replays with a bad page id drop its keys as the unchecked call does."""
+    batch, length, ps = 2, 512, 16
+    q, k, v = rand_bf16(batch, 8, 128), rand_bf16(batch, length, 2, 128), rand_bf16(batch, length, 2, 128)
+    lens = lens_tensor([512, 300])
+    k_cache, v_cache, table = make_paged(k, v, lens, ps)
+    k_new, v_new = rand_bf16(batch, 2, 128), rand_bf16(batch, 2, 128)
+    seq_ids, positions = lens_tensor([0, 1]), lens_tensor([7, 9])
+
+    def run():
+        ops.paged_kv_append(k_cache, v_cache, k_new, v_new, table, seq_ids, positions, check_pages=True)
+        return ops.attn_paged_decode(q, k_cache, v_cache, table, lens, check_pages=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    table[1, 3] = -1  # out of range now: the replay drops those keys
+    want = ops.attn_paged_decode(q, k_cache, v_cache, table, lens)
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(static_out, want, "replay with a dropped page")
+    with pytest.raises(ValueError, match=r"page_table\[1, 3\] = -1"):  # eager, the same call is checked
+        ops.attn_paged_decode(q, k_cache, v_cache, table, lens, check_pages=True)
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("split", [0, 64, 256], ids=["auto", "split64", "split256"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
