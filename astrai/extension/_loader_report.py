@@ -89,9 +89,10 @@ def _image_dict(record: ImageRecord) -> dict[str, Any]:
     }
 
 
-def describe(sel: Selection, loaded: dict[str, str], failed: dict[str, str]) -> dict[str, Any]:
+def describe(sel: Selection, loaded: dict[str, str], failed: dict[str, str],
+             fallbacks: dict[str, Any]) -> dict[str, Any]:
     """Everything `info --json` prints: machine, roots, images with verdicts, choice, loaded families (family ->
-    library path) and failed ones (family -> why)."""
+    library path), failed ones (family -> why) and this process's fallbacks (`_fallbacks.snapshot()`)."""
     chosen = sel.chosen
     return {
         "torch": {"version": sel.torch_version, "cuda": sel.torch_cuda, "error": sel.torch_error or None},
@@ -112,6 +113,7 @@ def describe(sel: Selection, loaded: dict[str, str], failed: dict[str, str]) -> 
         "loaded_families": loaded,
         "failed_families": failed,
         "overrides": dict(sel.overrides),
+        "fallbacks": fallbacks,
     }
 
 
@@ -160,8 +162,18 @@ def format_info(desc: dict[str, Any]) -> str:
     lines.append("  loaded     " + (", ".join(f"{f} ({p})" for f, p in loaded.items()) or "none"))
     for family, why in desc["failed_families"].items():
         lines.append(f"  failed     {family}: {why}")
+    lines.append("  fallbacks  " + _fallback_line(desc["fallbacks"]))
     lines.append("  overrides  " + (", ".join(f"{k}={v}" for k, v in desc["overrides"].items()) or "none"))
     return "\n".join(lines)
+
+
+def _fallback_line(fallbacks: dict[str, Any]) -> str:
+    last = fallbacks["last"]
+    if last is None:
+        return "none in this process"
+    distinct = len(fallbacks["reasons"]) + (1 if fallbacks["other"] else 0)
+    return (f"{fallbacks['total']} call(s) in this process, {distinct} reason(s); last: {last['op']} ran on "
+            f"{last['backend']} at {last['last']} ({last['count']} call(s) for this reason): {last['reason']}")
 
 
 def verify(sel: Selection, smoke: bool, *, load_family: Callable[[str], None],

@@ -45,7 +45,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from . import _cuda_driver, _loader_report
+from . import _cuda_driver, _fallbacks, _loader_report
 from ._cuda_driver import Device
 from ._loader_images import (CONDA_SUBDIR, ENV_CONDA_PREFIX, ENV_IGNORE_PACKAGE_IMAGES, ENV_IMAGE, ENV_IMAGE_PATH,
                              FAMILY_RE, OVERRIDE_VARS, SCHEMA_VERSION, SOURCE_CONDA, SOURCE_ENV, SOURCE_PACKAGE,
@@ -231,12 +231,13 @@ def family_available(name: str) -> bool:
 
 
 def describe() -> dict[str, Any]:
-    """Everything `info --json` prints: machine, roots, images with verdicts, choice, loaded families."""
+    """Everything `info --json` prints: machine, roots, images with verdicts, choice, loaded families, and the
+    fallbacks of this process (calls the default choice ran without the kernels: `"fallbacks"`)."""
     sel = selection()
     with _lock:
         loaded = {family: str(path) for family, path in _state.loaded.items()}
         failed = dict(_state.failed)
-    return _loader_report.describe(sel, loaded, failed)
+    return _loader_report.describe(sel, loaded, failed, _fallbacks.snapshot())
 
 
 def info() -> str:

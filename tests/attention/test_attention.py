@@ -1051,3 +1051,28 @@ def test_opcheck_on_meta(name):
 def test_smoke_test_without_gpu_raises():
     with pytest.raises(RuntimeError, match="no CUDA device is visible"):
         ops.smoke_test()
+
+
+# --- fallbacks of the automatic choice -------------------------------------------------------------------------
+
+def test_auto_fallback_is_logged_once_per_reason_and_shown_by_info(caplog):
+    from astrai.extension import _fallbacks, loader
+    _fallbacks.reset()
+    q, k = rand(2, 1, 4, 64), rand(2, 10, 2, 64)
+    with caplog.at_level("INFO", logger="astrai.extension"):
+        attention(q, k, k)
+        attention(q, k, k)
+        with attn_backend("torch"):  # a strict choice is no fallback
+            attention(q, k, k)
+    logged = [r for r in caplog.records if r.name == "astrai.extension"]
+    assert len(logged) == 1 and logged[0].levelname == "INFO"  # CPU tensors: INFO, once
+    assert "attention ran on torch instead of this package's CUDA kernels: q and K/V must be CUDA tensors" \
+        in logged[0].getMessage()
+    snap = loader.describe()["fallbacks"]
+    assert snap["total"] == 2 and snap["last"]["op"] == "attention" and snap["last"]["count"] == 2
+    assert "fallbacks  2 call(s) in this process, 1 reason(s); last: attention ran on torch" in loader.info()
+    with caplog.at_level("INFO", logger="astrai.extension"):
+        _fallbacks.record("attention", "head_dim 96 is not one of (64, 128, 256)", "torch", on_gpu=True)
+    assert caplog.records[-1].levelname == "WARNING"  # CUDA tensors: WARNING
+    _fallbacks.reset()
+    assert loader.describe()["fallbacks"]["last"] is None

@@ -18,7 +18,9 @@ Selection, per call: a backend chosen with `attn_backend(...)` (a context manage
 `set_op("attention", ...)`, then the deprecated `ASTR_BACKEND` environment variable (read once, with a
 DeprecationWarning) are *strict*: a call that backend cannot serve raises ValueError naming the reason.
 Otherwise ("auto") the first of cuda > flash > torch that can serve the call runs; a training call (grad
-enabled, an input requires grad, no cache) only considers flash and torch.
+enabled, an input requires grad, no cache) only considers flash and torch. A call that does not reach the
+CUDA kernels that way is a fallback: logged once per distinct reason on the "astrai.extension" logger
+(WARNING for CUDA tensors, INFO otherwise) and counted for `astrai.extension.info()` (`_fallbacks`).
 
 Conventions: `blhd` layout. q `[B, Lq, Hq, D]` (decode also `[B, Hq, D]`; packed prefill `[Tq, Hq, D]` with
 `qo_indptr`), K/V `[B, L, Hkv, D]` (packed `[Tkv, Hkv, D]` with `kv_indptr`); q head h reads kv head
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from astrai.extension import loader
+from astrai.extension import _fallbacks, loader
 # append_reference and gather_paged are re-exported: they lived here before the cache had its own module.
 from astrai.extension.backend.paged_kv_cache import PagedKVCache, append_reference, gather_paged  # noqa: F401
 from astrai.extension.ops import attention as ops
@@ -425,7 +427,8 @@ def _explicit_choice() -> tuple[bool, AttentionBackend | None]:
 
 
 def select_backend(call: AttnCall) -> AttentionBackend:
-    """The backend that serves `call` under the current selection rules (raises when a strict choice cannot)."""
+    """The backend that serves `call` under the current selection rules (raises when a strict choice cannot); an
+    automatic choice other than the CUDA kernels is recorded as a fallback."""
     explicit, chosen = _explicit_choice()
     if explicit:
         reason = chosen.blocker(call) if not isinstance(chosen, CudaBackend) else chosen.blocker(
@@ -433,11 +436,21 @@ def select_backend(call: AttnCall) -> AttentionBackend:
         if reason:
             raise ValueError(f"attention: the selected backend {chosen.name!r} cannot run this call: {reason}")
         return chosen
-    order = _TRAINING_PRIORITY if (call.kv_cache is None and call.needs_grad()) else _PRIORITY
-    for name in order:
-        if BACKENDS[name].blocker(call) is None:
-            return BACKENDS[name]
-    return BACKENDS["torch"]
+    training = call.kv_cache is None and call.needs_grad()
+    cuda_reason = None
+    for name in _TRAINING_PRIORITY if training else _PRIORITY:
+        reason = BACKENDS[name].blocker(call)
+        if name == "cuda":
+            cuda_reason = reason
+        if reason is None:
+            break
+    else:
+        name = "torch"
+    if name != "cuda":
+        if training:  # the kernels were not considered: name the first thing they cannot take
+            cuda_reason = BACKENDS["cuda"].blocker(call, check_available=False)
+        _fallbacks.record("attention", cuda_reason, name, on_gpu=call.q.is_cuda)
+    return BACKENDS[name]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from astrai.extension import loader
+from astrai.extension import _fallbacks, loader
 from astrai.extension.ops import attention as ops
 
 
@@ -137,12 +137,25 @@ class PagedKVCache:
         if self.check_pages:
             ops.check_append_range("PagedKVCache.append", page_table, self._seq_ids, self._positions,
                                    self.num_pages, self.page_size)
-        if (k_cache.is_cuda and k_cache.dtype == torch.bfloat16 and k_new.dtype == torch.bfloat16
-                and v_new.dtype == torch.bfloat16 and self.head_dim % 8 == 0 and loader.family_available(ops.FAMILY)):
+        reason = self._append_blocker(k_new, v_new)
+        if reason is None:
             ops.paged_kv_append(k_cache, v_cache, k_new.contiguous(), v_new.contiguous(), page_table,
                                 self._seq_ids, self._positions)
             return
+        _fallbacks.record("PagedKVCache.append", reason, "torch", on_gpu=self.k.is_cuda)
         append_reference(k_cache, v_cache, k_new, v_new, page_table, self._seq_ids, self._positions)
+
+    def _append_blocker(self, k_new: torch.Tensor, v_new: torch.Tensor) -> str | None:
+        """Why the append kernel cannot write these tokens (None: it can)."""
+        if not self.k.is_cuda:
+            return f"the cache is on {self.device}, not a CUDA device"
+        if self.k.dtype != torch.bfloat16 or k_new.dtype != torch.bfloat16 or v_new.dtype != torch.bfloat16:
+            return f"the kernel takes bfloat16, got cache {self.k.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}"
+        if self.head_dim % 8:
+            return f"head_dim {self.head_dim} is not a multiple of 8"
+        if not loader.family_available(ops.FAMILY):
+            return "no image serves the attention family here (python -m astrai.extension info says why)"
+        return None
 
     def _flat(self, t: torch.Tensor, name: str) -> torch.Tensor:
         if t.dim() == 4:

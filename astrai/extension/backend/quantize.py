@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from astrai.extension import loader
+from astrai.extension import _fallbacks, loader
 from astrai.extension.ops import quantize as ops
 
 PATHS = ("auto", "cuda", "torch")
@@ -63,7 +63,11 @@ def _choose(fn: str, path: str, x: torch.Tensor) -> str:
     if path == "torch":
         return "torch"
     if path == "auto":
-        return "torch" if _cuda_blocker(x) else "cuda"
+        blocker = _cuda_blocker(x)
+        if blocker is None:
+            return "cuda"
+        _fallbacks.record(fn, blocker, "torch", on_gpu=x.is_cuda)
+        return "torch"
     if path == "cuda":
         blocker = _cuda_blocker(x, check_available=False)
         if blocker:

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from astrai.extension import loader
+from astrai.extension import _fallbacks, loader
 from astrai.extension.ops import rotary as ops
 
 PATHS = ("auto", "cuda", "torch")
@@ -109,7 +109,11 @@ def _choose(fn: str, path: str, x, k, cos, sin, inplace: bool) -> str:
     if path == "torch":
         return "torch"
     if path == "auto":
-        return "torch" if _cuda_blocker(x, k, cos, sin, inplace) else "cuda"
+        blocker = _cuda_blocker(x, k, cos, sin, inplace)
+        if blocker is None:
+            return "cuda"
+        _fallbacks.record(fn, blocker, "torch", on_gpu=x.is_cuda)
+        return "torch"
     if path == "cuda":
         # Availability is left to the ops wrapper, whose error explains every image seen.
         blocker = _cuda_blocker(x, k, cos, sin, inplace, check_available=False)
