@@ -161,7 +161,7 @@ def _build_ptx_test_images(session: nox.Session, arches: list[str]) -> None:
     """Test-only PTX images (ptx80, ptx89) in the tree, never in the wheel.
 
     On a newer GPU, `ASTRAI_IMAGE=ptx80` JIT-compiles the compute_80 PTX, so the sm_80 code paths run on
-    an H200 (DESIGN.md, test tiers).
+    an H200 (docs/architecture.md, test tiers).
     """
     for arch in arches:
         bdir = os.path.join(ROOT, "build", f"ptx{arch}")

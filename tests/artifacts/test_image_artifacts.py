@@ -1,4 +1,4 @@
-"""Tier 0: the images in astrai/extension/lib/ are what image.json says and what DESIGN.md promises.
+"""Tier 0: the images in astrai/extension/lib/ are what image.json says and what docs/architecture.md promises.
 
 `nox -s test` builds the image first and sets ASTRAI_EXPECT_IMAGE=1, so a missing image fails there;
 a plain pytest run on a tree without an image skips these tests.
