@@ -116,6 +116,16 @@ def _why_chosen(record: ImageRecord, rivals: int, gpu_visible: bool, torch_cuda:
 # --- the choice -----------------------------------------------------------------------------------------
 
 
+def _first_verified(records) -> ImageRecord | None:
+    """The first record whose checksums match image.json; each one before it that does not is rejected."""
+    for record in records:
+        problem = checksum_problem(record)
+        if not problem:
+            return record
+        record.reject(problem)
+    return None
+
+
 def choose(env: dict[str, str], torch_info: tuple[str | None, str | None, str],
            driver: tuple[int | None, str], devices: tuple[tuple[Device, ...], str], roots: list[Root],
            images: list[ImageRecord]) -> Selection:
@@ -145,15 +155,7 @@ def choose(env: dict[str, str], torch_info: tuple[str | None, str | None, str],
 
     if forced is not None:
         named = [r for r in images if r.name == forced]
-        for record in named:
-            if record.status != "eligible":
-                continue
-            problem = checksum_problem(record)
-            if problem:
-                record.reject(problem)
-                continue
-            chosen = record
-            break
+        chosen = _first_verified(r for r in named if r.status == "eligible")
         if chosen is not None:
             why = f"forced by {ENV_IMAGE}={forced}; " + _why_chosen(chosen, 0, gpu_visible, torch_cuda)
         elif not named:
@@ -166,13 +168,7 @@ def choose(env: dict[str, str], torch_info: tuple[str | None, str | None, str],
             if record.status == "eligible" and record is not chosen:
                 record.reason = f"not considered: {ENV_IMAGE}={forced} is in force"
     else:
-        for record in candidates:
-            problem = checksum_problem(record)
-            if problem:
-                record.reject(problem)
-                continue
-            chosen = record
-            break
+        chosen = _first_verified(candidates)
         if chosen is not None:
             rivals = [r for r in candidates if r is not chosen and r.status == "eligible"]
             why = _why_chosen(chosen, len(rivals), gpu_visible, torch_cuda)
