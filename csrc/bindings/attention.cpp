@@ -14,6 +14,8 @@
 
 #include "bindings/stable_helpers.h"
 #include "kernels/attention/attention.h"
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/device_facts.h"
 
 namespace astrai {
 namespace {
@@ -30,7 +32,7 @@ constexpr const char* kOpPrefill = "astrai.attn_prefill";
 constexpr const char* kOpPrefillRagged = "astrai.attn_prefill_ragged";
 constexpr const char* kOpPagedPrefill = "astrai.attn_paged_prefill";
 
-bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15u) == 0; }
+bool aligned16(const Tensor& t) { return astrai::aligned16(t.data_ptr()); }
 
 // The stride of a size-1 axis is never used; zero keeps an odd value from failing the 16-byte rule.
 int64_t stride_of(const Tensor& t, int64_t d) { return t.size(d) == 1 ? int64_t(0) : t.stride(d); }
@@ -73,9 +75,8 @@ int32_t log2_exact(int64_t v) {
 }
 
 int sm_count(int32_t device_index) {
-  int count = 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess) return 1;
-  return count;
+  astrai::DeviceFacts facts{};
+  return astrai::device_facts(device_index, &facts) == cudaSuccess ? facts.sm_count : 1;
 }
 
 struct DecodeArgs {

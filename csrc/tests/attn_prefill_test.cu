@@ -17,8 +17,8 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention/attention.h"
-#include "kernels/attention/mma_bf16_sm80.cuh"
 #include "kernels/attention/prefill_schedule.h"
+#include "kernels/common/swizzle.cuh"
 #include "tests/test_utils.cuh"
 
 namespace {
@@ -135,14 +135,14 @@ bool check_ldsm_offsets() {
     for (int step = 0; step < kChunks / 2; ++step)
       for (int blk = 0; blk < 4; ++blk) {
         const int row0 = 32;  // a warp's first row (a multiple of 16)
-        const uint32_t a = att::ldsm_step<kChunks>(att::ldsm_a_offset<kChunks>(lane, row0), step, blk);
+        const uint32_t a = astrai::ldsm_step<kChunks>(astrai::ldsm_a_offset<kChunks>(lane, row0), step, blk);
         const uint32_t a_want =
-            uint32_t(att::swizzle<kChunks>(row0 + blk * 16 + (lane & 15), 2 * step + (lane >> 4))) * 16;
-        const uint32_t b = att::ldsm_step<kChunks>(att::ldsm_b_offset<kChunks>(lane), step, blk);
-        const uint32_t b_want = uint32_t(att::swizzle<kChunks>(blk * 16 + (lane & 7) + ((lane >> 4) << 3),
+            uint32_t(astrai::swizzle<kChunks>(row0 + blk * 16 + (lane & 15), 2 * step + (lane >> 4))) * 16;
+        const uint32_t b = astrai::ldsm_step<kChunks>(astrai::ldsm_b_offset<kChunks>(lane), step, blk);
+        const uint32_t b_want = uint32_t(astrai::swizzle<kChunks>(blk * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                                2 * step + ((lane >> 3) & 1))) * 16;
-        const uint32_t t = att::ldsm_step<kChunks>(att::ldsm_bt_offset<kChunks>(lane), step, blk);
-        const uint32_t t_want = uint32_t(att::swizzle<kChunks>(blk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+        const uint32_t t = astrai::ldsm_step<kChunks>(astrai::ldsm_bt_offset<kChunks>(lane), step, blk);
+        const uint32_t t_want = uint32_t(astrai::swizzle<kChunks>(blk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
                                                                2 * step + (lane >> 4))) * 16;
         if (a != a_want || b != b_want || t != t_want) return false;
       }
@@ -150,7 +150,7 @@ bool check_ldsm_offsets() {
   for (int r0 = 0; r0 < 16; r0 += 8)
     for (int c = 0; c < kChunks; ++c) {
       unsigned seen = 0;
-      for (int r = r0; r < r0 + 8; ++r) seen |= 1u << (att::swizzle<kChunks>(r, c) % 8);
+      for (int r = r0; r < r0 + 8; ++r) seen |= 1u << (astrai::swizzle<kChunks>(r, c) % 8);
       if (seen != 0xffu) return false;
     }
   // The K/V load offsets: row ld_row + r (r a multiple of 4) sits r * kChunks chunks after row ld_row's chunk,
@@ -160,7 +160,7 @@ bool check_ldsm_offsets() {
       for (int r = 0; r < 64; r += 4) {
         const int c0 = c ^ (ld_row & 7);
         const int at = r * kChunks + ((r & 4) ? ((c0 ^ 4) - c0) : 0);
-        if (att::swizzle<kChunks>(ld_row + r, c) - att::swizzle<kChunks>(ld_row, c) != at) return false;
+        if (astrai::swizzle<kChunks>(ld_row + r, c) - astrai::swizzle<kChunks>(ld_row, c) != at) return false;
       }
   return true;
 }
@@ -178,7 +178,7 @@ Tile store_swizzled(const std::vector<float>& m, int rows) {  // m: [rows][kChun
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < kChunks; ++c)
       for (int e = 0; e < 8; ++e)
-        t[size_t(att::swizzle<kChunks>(r, c)) * 8 + e] = float_to_bf16(m[size_t(r) * kChunks * 8 + c * 8 + e]);
+        t[size_t(astrai::swizzle<kChunks>(r, c)) * 8 + e] = float_to_bf16(m[size_t(r) * kChunks * 8 + c * 8 + e]);
   return t;
 }
 
@@ -243,11 +243,11 @@ bool warp_path(Rng& rng) {
   uint32_t addr[32], frag[32][4], a[kMTiles][32][4], bk[32][2];
   for (int kk = 0; kk < D / 16; ++kk) {
     for (int mt = 0; mt < kMTiles; ++mt) {
-      for (int l = 0; l < 32; ++l) addr[l] = att::ldsm_step<kChunks>(att::ldsm_a_offset<kChunks>(l, warp_row0), kk, mt);
+      for (int l = 0; l < 32; ++l) addr[l] = astrai::ldsm_step<kChunks>(astrai::ldsm_a_offset<kChunks>(l, warp_row0), kk, mt);
       ldmatrix_x4(sq, addr, false, a[mt]);
     }
     for (int np = 0; np < kBN / 16; ++np) {
-      for (int l = 0; l < 32; ++l) addr[l] = att::ldsm_step<kChunks>(att::ldsm_b_offset<kChunks>(l), kk, np);
+      for (int l = 0; l < 32; ++l) addr[l] = astrai::ldsm_step<kChunks>(astrai::ldsm_b_offset<kChunks>(l), kk, np);
       ldmatrix_x4(sk, addr, false, frag);
       for (int half = 0; half < 2; ++half) {
         for (int l = 0; l < 32; ++l) bk[l][0] = frag[l][2 * half], bk[l][1] = frag[l][2 * half + 1];
@@ -265,7 +265,7 @@ bool warp_path(Rng& rng) {
                                                (uint32_t(float_to_bf16(s[mt][nt][l][2 * h + 1])) << 16);
   for (int ks = 0; ks < kBN / 16; ++ks)
     for (int np = 0; np < D / 16; ++np) {
-      for (int l = 0; l < 32; ++l) addr[l] = att::ldsm_step<kChunks>(att::ldsm_bt_offset<kChunks>(l), np, ks);
+      for (int l = 0; l < 32; ++l) addr[l] = astrai::ldsm_step<kChunks>(astrai::ldsm_bt_offset<kChunks>(l), np, ks);
       ldmatrix_x4(sv, addr, true, frag);
       for (int half = 0; half < 2; ++half) {
         for (int l = 0; l < 32; ++l) bk[l][0] = frag[l][2 * half], bk[l][1] = frag[l][2 * half + 1];
@@ -864,7 +864,6 @@ bool check_rejections() {
   return ok;
 }
 
-#if !defined(ASTRAI_HOST_EMULATION)  // a host emulation (mma_bf16_sm80.cuh) runs the table only
 // ---- --bench ---------------------------------------------------------------------------------------------
 
 __global__ void fill_random_bf16(uint16_t* x, int64_t n, uint32_t seed) {
@@ -1007,8 +1006,6 @@ int run_bench(const cudaDeviceProp& prop, int ps) {
   return status;
 }
 
-#endif
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1046,9 +1043,7 @@ int main(int argc, char** argv) {
     return host_index_checks(rng) ? 0 : 1;
   }
   const cudaDeviceProp prop = print_test_banner("attn_prefill_test", opts);
-#if !defined(ASTRAI_HOST_EMULATION)
   if (bench) return run_bench(prop, bench_page_size);
-#endif
   Rng rng(opts.seed);
   const bool host_ok = host_index_checks(rng);
   const std::vector<Case> cases = make_cases(opts.small, rng);

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention/attention.h"
-#include "kernels/attention/decode_dispatch.h"  // ASTRAI_DECODE_FUSED_MERGE
+#include "kernels/attention/decode_dispatch.h"  // the combine after the small-smem tile
 #include "kernels/attention/decode_launch.cuh"  // the small-smem tile, launched directly
 #include "tests/test_utils.cuh"
 
@@ -39,7 +39,7 @@ struct Case {
   int64_t split = 0;       // kv_split_size; 0: automatic
   bool bad_pages = false;  // paged: some table entries out of range (their keys are dropped)
   bool padded = false;     // strided q/K/V (gaps between heads/tokens, multiples of 8 elements)
-  bool graph = false;      // also capture the launch in a CUDA graph and replay it: same bits, counters left zero
+  bool graph = false;      // also capture the launch in a CUDA graph and replay it: same bits
 
   std::string name() const {
     char buf[200];
@@ -179,22 +179,10 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
   DeviceBuffer<float> po(static_cast<size_t>(plan.num_splits) * B * Hq * D), plse(static_cast<size_t>(plan.num_splits) * B * Hq);
-  // Split arrival counters, poisoned: the launcher must zero them, the fused merge must leave them zero.
-  DeviceBuffer<int32_t> counters_d(static_cast<size_t>(B) * Hq);
-  TEST_CUDA_CHECK(cudaMemset(counters_d.get(), 0xff, counters_d.size() * 4));
   if (plan.num_splits > 1) {
     p.partial_o_ptr = po.get();
     p.partial_lse_ptr = plse.get();
-    p.split_counters_ptr = counters_d.get();
   }
-  const size_t used_counters = plan.num_splits > 1 ? size_t(B) * Hkv * ((G + 7) / 8) : 0;  // (b, kv head, 8 q heads)
-  auto counters_zero = [&] {
-    std::vector<int32_t> ctr;
-    counters_d.download(ctr);
-    for (size_t i = 0; i < used_counters; ++i)
-      if (ctr[i] != 0) return false;
-    return true;
-  };
   const cudaError_t st = astrai::attn_decode_bf16_launch(p, nullptr);
   if (st != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(st));
@@ -204,9 +192,8 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> out;
   out_d.download(out);
-  if (ASTRAI_DECODE_FUSED_MERGE && !counters_zero()) s.fail("split counters not left zero");
   if (c.graph) {
-    // Captured once, replayed twice over a poisoned output: the memset and the merge replay as recorded.
+    // Captured once, replayed twice over a poisoned output: the decode and the combine replay as recorded.
     cudaStream_t stream;
     TEST_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph = nullptr;
@@ -223,8 +210,6 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
       std::vector<uint16_t> replay;
       out_d.download(replay);
       if (replay != out) s.fail("graph replay " + std::to_string(r) + " differs from the eager launch");
-      if (ASTRAI_DECODE_FUSED_MERGE && !counters_zero())
-        s.fail("split counters not left zero after graph replay " + std::to_string(r));
     }
     TEST_CUDA_CHECK(cudaGraphExecDestroy(exec));
     TEST_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -259,12 +244,11 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
   check(out, "");
   if (D == 128) {
     // The 99 KB-class tile (sm_89, sm_120) the launcher takes where a block may not have the default's 128 KB:
-    // launched directly here so that every GPU runs it, on the same plan; its splits merge in the kernel (the
-    // fused merge, zeroed counters), which this also checks.
+    // launched directly here so that every GPU runs it, on the same plan (then the combine, for splits).
     TEST_CUDA_CHECK(cudaMemset(out_d.get(), 0xff, out_d.size() * 2));
-    TEST_CUDA_CHECK(cudaMemset(counters_d.get(), 0, counters_d.size() * 4));
     using SmallTile = astrai::attention::DecodeSmallSmemTile<128>::type;
-    const cudaError_t sst = astrai::attention::launch_decode_tile<128, SmallTile>(p, nullptr);
+    cudaError_t sst = astrai::attention::launch_decode_tile<128, SmallTile>(p, nullptr);
+    if (sst == cudaSuccess && plan.num_splits > 1) sst = astrai::attention::launch_decode_combine(p, nullptr, false);
     if (sst != cudaSuccess) {
       s.fail(std::string("small-smem tile launch returned ") + cudaGetErrorName(sst));
     } else {
@@ -272,7 +256,6 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
       std::vector<uint16_t> small_out;
       out_d.download(small_out);
       check(small_out, "small-smem tile: ");
-      if (plan.num_splits > 1 && !counters_zero()) s.fail("small-smem tile: split counters not left zero");
     }
   }
   return s;
@@ -399,13 +382,13 @@ std::vector<Case> make_cases(bool small, Rng& rng) {
     c.split = 64;
     cases.push_back(c);
   }
-  // Batch 1, long sequence: the auto planner splits (fused merge), also replayed from a CUDA graph.
+  // Batch 1, long sequence: the auto planner splits, also replayed from a CUDA graph.
   if (!small) {
     Case c{1, 32, 8, 128, 8192, {8191}, ps_default};
     c.graph = true;
     cases.push_back(c);
   }
-  // Batch 1, 256 splits: the fused merge over many arrivals (a different last block each run), graph replay.
+  // Batch 1, 256 splits: the combine over many splits, graph replay.
   {
     Case c{1, 32, 8, 128, 16384, {16384}, ps_default};
     c.split = 64;
@@ -475,8 +458,6 @@ bool check_rejections() {
   p.num_q_heads = 4;
   p.num_splits = 2;  // workspace missing
   ok = ok && astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
-  p.partial_o_ptr = p.partial_lse_ptr = static_cast<float*>(dummy);  // workspace but no split counters
-  if (ASTRAI_DECODE_FUSED_MERGE) ok = ok && astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launcher rejects inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");

@@ -1,19 +1,13 @@
-// Developer sweep of how split-KV decode merges its splits (GQA 32 q / 8 kv heads, D = 128, bf16): for each
-// shape, block tile and split count (one wave at 1, 2 or 4 blocks per SM), the decode kernel timed with
+// Developer sweep of split-KV decode plans (GQA 32 q / 8 kv heads, D = 128, bf16): for each shape, block tile and
+// split count (one wave at 1, 2 or 4 blocks per SM), the decode kernel timed with
 //   combine       the combine kernel after it,
 //   combine_pdl   the combine as a programmatic dependent launch,
-//   fused         the in-kernel merge by the last split block (counters left zero by the previous launch),
 //   none          no merge at all (partials only: the floor a merge adds to),
-// CUDA-graph timed (median of replays, inputs rotated past the L2). The fused outputs are compared with the
-// combine's (bf16 elements that differ, largest difference); the counters are checked zero afterwards.
-// The decode_split_kv tiles and split counts of the production plan (DecodeDefaultTile, attention_launch.cu)
-// come from it (2026-12-01). A thread-block-cluster merge over distributed shared memory was tried with it the
-// same day and dropped: clusters of 8-16 blocks of the 4- and 8-warp tiles could not all be resident at once
-// (cudaOccupancyMaxActiveClusters), and where they were (4-warp tile, 16 splits at B = 1) the decode slowed
-// from 10.1 to 12.2 µs at L = 4096; only 2-split clusters gained (~1.4 µs).
+// CUDA-graph timed (median of replays, inputs rotated past the L2). The decode_split_kv tiles and split counts
+// of the production plan (DecodeDefaultTile, attention_launch.cu) come from it (docs/benchmarks.md, decode section).
 // Not built by CMake; on a GPU:
-//   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/dsweep csrc/tools/decode_merge_sweep.cu
-//   /tmp/dsweep [--paged] [BxL ...]
+//   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -o decode_merge_sweep csrc/tools/decode_merge_sweep.cu
+//   ./decode_merge_sweep [--paged] [BxL ...]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,7 +50,7 @@ __global__ void fill_bf16(uint16_t* x, int64_t n, uint32_t seed) {
 struct Set {
   void *q, *k, *v, *out;
   float *po, *plse;
-  int32_t *lens, *table, *counters;
+  int32_t *lens, *table;
 };
 
 float time_graph(const std::function<void(const Set&, cudaStream_t)>& f, const std::vector<Set>& sets, int calls,
@@ -118,20 +112,12 @@ DecodeParams params_of(const Set& s, int batch, int len, bool paged, int splits)
   return p;
 }
 
-float bf16_value(uint16_t bits) {
-  const uint32_t u = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-enum Mode { kCombine, kCombinePdl, kFused, kNone, kModes };
-const char* kModeNames[kModes] = {"combine", "combine_pdl", "fused", "none"};
+enum Mode { kCombine, kCombinePdl, kNone, kModes };
+const char* kModeNames[kModes] = {"combine", "combine_pdl", "none"};
 
 template <class Tile>
 void run(const Set& s, int batch, int len, bool paged, int splits, Mode mode, cudaStream_t st) {
   DecodeParams p = params_of(s, batch, len, paged, splits);
-  p.split_counters_ptr = p.num_splits > 1 && mode == kFused ? s.counters : nullptr;
   CK((launch_decode_tile<kD, Tile>(p, st)));
   if (p.num_splits > 1 && (mode == kCombine || mode == kCombinePdl)) CK(launch_decode_combine(p, st, mode == kCombinePdl));
 }
@@ -178,8 +164,6 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&s.out, size_t(batch) * kHq * kD * 2));
       CK(cudaMalloc(&s.po, size_t(std::min(max_splits, 4 * sms)) * batch * kHq * kD * 4));
       CK(cudaMalloc(&s.plse, size_t(std::min(max_splits, 4 * sms)) * batch * kHq * 4));
-      CK(cudaMalloc(&s.counters, size_t(batch) * kHkv * 4));
-      CK(cudaMemset(s.counters, 0, size_t(batch) * kHkv * 4));
       fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(s.q), int64_t(batch) * kHq * kD, 11u + i);
       fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(s.k), kv_elems, 22u + i);
       fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(s.v), kv_elems, 33u + i);
@@ -206,36 +190,11 @@ int main(int argc, char** argv) {
                                     sets, calls, 15);
         std::printf(" %12.2f", us);
       }
-      // Fused against combine, same plan: differing bf16 elements and the largest difference.
-      const size_t n_out = size_t(batch) * kHq * kD;
-      std::vector<uint16_t> ref(n_out), got(n_out);
-      auto output_of = [&](Mode m, std::vector<uint16_t>& h) {
-        CK(cudaMemset(sets[0].out, 0xff, n_out * 2));
-        c.fn(sets[0], batch, len, paged, splits, m, nullptr);
-        CK(cudaMemcpy(h.data(), sets[0].out, n_out * 2, cudaMemcpyDeviceToHost));
-      };
-      output_of(kCombine, ref);
-      for (Mode m : {kFused}) {
-        output_of(m, got);
-        size_t differ = 0;
-        float worst = 0.f;
-        bool bad = false;
-        for (size_t j = 0; j < n_out; ++j) {
-          const float x = bf16_value(ref[j]), y = bf16_value(got[j]);
-          if (!std::isfinite(x) || !std::isfinite(y)) bad = true;
-          if (ref[j] != got[j]) ++differ;
-          worst = std::max(worst, std::fabs(x - y));
-        }
-        std::printf("  %s: %zu differ, max %.2g%s", kModeNames[m], differ, worst, bad ? " NONFINITE" : "");
-      }
-      std::vector<int32_t> cnt(size_t(batch) * kHkv);
-      CK(cudaMemcpy(cnt.data(), sets[0].counters, cnt.size() * 4, cudaMemcpyDeviceToHost));
-      const bool zero = std::all_of(cnt.begin(), cnt.end(), [](int32_t v) { return v == 0; });
-      std::printf("%s\n", zero ? "" : " COUNTERS NOT ZERO");
+      std::printf("\n");
     }
     for (Set& s : sets) {
       for (void* ptr : {s.q, s.k, s.v, s.out, static_cast<void*>(s.po), static_cast<void*>(s.plse),
-                        static_cast<void*>(s.lens), static_cast<void*>(s.table), static_cast<void*>(s.counters)}) {
+                        static_cast<void*>(s.lens), static_cast<void*>(s.table)}) {
         CK(cudaFree(ptr));
       }
     }

@@ -2,9 +2,9 @@
 // kernels (threads per row, cached steps, register cap) and of the register transpose (rows per thread, lanes per
 // row, warps, register cap, tile order) CUDA-graph timed beside copy kernels of the same bytes, inputs rotated past
 // the L2; the variants' outputs are compared bitwise with the production choice. Not built by CMake; on a GPU:
-//   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/qsweep csrc/tools/quantize_launch_sweep.cu
-//   /tmp/qsweep
-// The figures in quantize_rows.cuh, quantize_rows_launch.cu and quantize_transpose.cuh (2026-12-01) come from it.
+//   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -o quantize_launch_sweep csrc/tools/quantize_launch_sweep.cu
+//   ./quantize_launch_sweep
+// The launch choices of quantize_rows.cuh, quantize_rows_launch.cu and quantize_transpose.cuh come from it.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

@@ -26,10 +26,9 @@ struct DecodePlan {
 DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
                             int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size);
 
-// Launches the split-KV decode on `stream`. With params.num_splits > 1 the splits merge in the decode kernel
-// (a cudaMemsetAsync of split_counters_ptr first, which must hold B * Hq int32), or in a combine kernel when
-// built with ASTRAI_DECODE_FUSED_MERGE=0. Returns cudaErrorInvalidValue for inconsistent params (unsupported
-// head_dim, head counts, missing workspace or counters); never throws. batch == 0: no launch. On sm_90+ images
+// Launches the split-KV decode on `stream`. With params.num_splits > 1 a combine kernel merges the splits'
+// partials (partial_o_ptr, partial_lse_ptr). Returns cudaErrorInvalidValue for inconsistent params (unsupported
+// head_dim, head counts, missing workspace); never throws. batch == 0: no launch. On sm_90+ images
 // the split kernel of a plan with splits and the combine launch as programmatic dependents of the stream's
 // previous kernel (each waits for it before touching memory); ASTRAI_DECODE_PDL=0 in the environment says never.
 cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream);

@@ -1,5 +1,4 @@
-// Attention launchers: decode planner, parameter checks, decode dispatch (fused merge or decode + combine),
-// paged KV append.
+// Attention launchers: decode planner, parameter checks, decode dispatch (decode + combine), paged KV append.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -9,33 +8,23 @@
 #include "kernels/attention/bf16_decode_combine.cuh"
 #include "kernels/attention/bf16_paged_kv_append.cuh"
 #include "kernels/attention/decode_dispatch.h"
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/env_knob.h"
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
+#include "kernels/common/host/env_knob.h"
 
 namespace astrai {
 namespace {
 
 // Split planner: one wave of blocks at a target count per SM (DecodeDefaultTile: the tile and its target per
-// head_dim). H200 sweeps, GQA 32/8, every split size from 64 keys to L, the fastest one per shape:
-//  - head_dim 128 (2026-12-01, second session; csrc/tools/decode_merge_sweep.cu, 11 shapes x 7 tiles x split
-//    counts, contiguous and paged): with the 8-warp tile, one block per SM; more splits, or smaller blocks at
-//    2-4 per SM, add merge work and partial traffic (the combine costs ~2.7 µs at B = 1), and at B >= 16 one
-//    split needs no combine at all;
-//  - head_dim 64 and 256 (2026-12-01, first session, 48 KB tiles): contiguous D = 64 at 2 blocks per SM; paged
-//    K/V and D = 256 at 4 per SM (a full wave of the kernel's occupancy), paged D = 64 splits of at least 128
-//    keys (64-key paged splits lost 12-15% at B = 1, L = 4096) unless that leaves fewer blocks than the
-//    contiguous plan (short sequences: B = 1, L = 512 paged took 9.7 µs in 4 splits of 128 keys, 7.9 in 8 of 64).
+// head_dim), chosen per head_dim from a sweep of every split size from 64 keys to L (csrc/tools/decode_merge_sweep.cu;
+// docs/benchmarks.md, decode section): more splits, or smaller blocks at several per SM, add merge work and partial
+// traffic, and a one-split plan needs no combine at all. Paged K/V at head_dim 64 takes splits of at least
+// kDecodePagedMinSplit keys (shorter paged splits were slower) unless that leaves fewer blocks than the contiguous
+// plan (short sequences).
 // At head_dim 64 contiguous and paged K/V may take different splits for the same shapes, and then agree within
 // accuracy, not bitwise (a fixed kv_split_size gives both the same plan).
 constexpr int64_t kDecodePagedMinSplit = 128;  // keys, paged K/V at head_dim 64
-
-template <typename T>
-T ceil_div(T a, T b) {
-  return (a + b - 1) / b;
-}
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-bool vec_stride(int64_t s) { return s % 8 == 0; }
 
 bool decode_params_valid(const DecodeParams& p) {
   if (p.batch < 0 || p.batch > 65535 || p.num_kv_heads <= 0 || p.num_q_heads <= 0) return false;
@@ -46,7 +35,6 @@ bool decode_params_valid(const DecodeParams& p) {
   if (int64_t(p.num_splits) * p.split_len < p.max_kv_len) return false;  // every key belongs to a split
   if (p.q_ptr == nullptr || p.k_ptr == nullptr || p.v_ptr == nullptr || p.out_ptr == nullptr) return false;
   if (p.num_splits > 1 && (p.partial_o_ptr == nullptr || p.partial_lse_ptr == nullptr)) return false;
-  if (ASTRAI_DECODE_FUSED_MERGE && p.num_splits > 1 && p.split_counters_ptr == nullptr) return false;
   if (p.paged) {
     if (p.page_table_ptr == nullptr || p.page_size_log2 < 0 || p.page_size_log2 > 7 || p.num_pages < 0) return false;
     if (p.kv_lens_ptr == nullptr) return false;
@@ -57,7 +45,7 @@ bool decode_params_valid(const DecodeParams& p) {
   if (p.partial_o_ptr != nullptr && !aligned16(p.partial_o_ptr)) return false;
   for (int64_t s : {p.q_batch_stride, p.q_head_stride, p.k_batch_stride, p.k_seq_stride, p.k_head_stride,
                     p.v_batch_stride, p.v_seq_stride, p.v_head_stride, p.out_batch_stride, p.out_head_stride}) {
-    if (!vec_stride(s)) return false;
+    if (!bf16_vec_stride(s)) return false;
   }
   return true;
 }
@@ -77,15 +65,9 @@ bool append_params_valid(const AppendParams& p) {
   for (int64_t s : {p.k_cache_page_stride, p.k_cache_seq_stride, p.k_cache_head_stride, p.v_cache_page_stride,
                     p.v_cache_seq_stride, p.v_cache_head_stride, p.k_new_token_stride, p.k_new_head_stride,
                     p.v_new_token_stride, p.v_new_head_stride}) {
-    if (!vec_stride(s)) return false;
+    if (!bf16_vec_stride(s)) return false;
   }
   return true;
-}
-
-cudaError_t sm_count_of_current_device(int* sm_count) {
-  int device = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  return cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
 }
 
 // Whether the decode launches (the split kernel of a plan with splits, and the combine) go as programmatic
@@ -157,12 +139,6 @@ DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_s
 
 namespace {
 
-// Counters of the fused merge that a launch uses: one per (b, kv head, head group).
-int64_t decode_split_counters(const DecodeParams& p) {
-  const int group_size = p.num_q_heads / p.num_kv_heads;
-  return int64_t(p.batch) * p.num_kv_heads * ceil_div(group_size, attention::kMaxGroup);
-}
-
 cudaError_t launch_decode_kernel(const DecodeParams& p, cudaStream_t stream, bool pdl) {
   switch (p.head_dim) {
     case 64: return attention::launch_decode_split_kv<64>(p, stream, pdl);
@@ -173,24 +149,15 @@ cudaError_t launch_decode_kernel(const DecodeParams& p, cudaStream_t stream, boo
 
 }  // namespace
 
-cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream) {
-  if (!decode_params_valid(params)) return cudaErrorInvalidValue;
-  if (params.batch == 0) return cudaSuccess;
-  DecodeParams p = params;
-  if (!ASTRAI_DECODE_FUSED_MERGE || p.num_splits == 1) p.split_counters_ptr = nullptr;
+cudaError_t attn_decode_bf16_launch(const DecodeParams& p, cudaStream_t stream) {
+  if (!decode_params_valid(p)) return cudaErrorInvalidValue;
+  if (p.batch == 0) return cudaSuccess;
   bool pdl = false;
   ASTRAI_CUDA_TRY(decode_pdl_enabled(&pdl));
-  if (p.split_counters_ptr != nullptr) {
-    // Zeroed per call, though the merge leaves them zero: the workspace is the caller's fresh allocation, and
-    // a launch that never ran to the end (an error, an aborted graph) must not poison the next one. The memset
-    // is the decode's previous node: no programmatic launch after it.
-    ASTRAI_CUDA_TRY(cudaMemsetAsync(p.split_counters_ptr, 0, size_t(decode_split_counters(p)) * 4, stream));
-    return launch_decode_kernel(p, stream, false);
-  }
-  // The decode kernel overlaps its predecessor only in plans with splits (short calls: at B = 1 it saved 0.5-1.1 µs
-  // of 6-37 µs on the H200). A one-split plan is a long call where the overlap saved <= 0.4% for contiguous K/V,
-  // and paged K/V ran up to 2% slower with it (B = 16, L = 16384: 246.0 against 241.4 µs), so it launches as
-  // before (the combine has nothing to follow then).
+  // The decode kernel overlaps its predecessor only in plans with splits (short calls, where the launch is a large
+  // share of the time). A one-split plan is a long call where the overlap gained next to nothing for contiguous K/V
+  // and slowed paged K/V (docs/benchmarks.md, decode section), so it launches as before (the combine has nothing
+  // to follow then).
   ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream, pdl && p.num_splits > 1));
   if (p.num_splits == 1) return cudaSuccess;
   return attention::launch_decode_combine(p, stream, pdl);
@@ -199,10 +166,10 @@ cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t str
 cudaError_t paged_kv_append_bf16_launch(const AppendParams& p, cudaStream_t stream) {
   if (!append_params_valid(p)) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
-  int sm_count = 0;
-  ASTRAI_CUDA_TRY(sm_count_of_current_device(&sm_count));
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
   const int64_t items = p.num_tokens * p.num_kv_heads * (p.head_dim / 8);
-  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(items, 256), int64_t(std::max(sm_count, 1)) * 16);
+  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(items, 256), int64_t(std::max(facts.sm_count, 1)) * 16);
   attention::paged_kv_append_kernel<<<unsigned(blocks), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }

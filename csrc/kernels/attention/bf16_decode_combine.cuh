@@ -6,6 +6,9 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
 #include "kernels/attention/decode_dispatch.h"
+#include "kernels/common/ptx/griddep.cuh"
+#include "kernels/common/ptx/math.cuh"
+#include "kernels/common/vec_types.cuh"
 
 namespace astrai {
 namespace attention {
@@ -43,8 +46,8 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   const int64_t rows = int64_t(p.batch) * p.num_q_heads;
   const int n = p.num_splits;
 
-  decode_ptx::launch_dependents();  // the next call's decode may be scheduled now (it waits for this grid too)
-  decode_ptx::wait_prerequisites();
+  launch_dependents();  // the next call's decode may be scheduled now (it waits for this grid too)
+  wait_prerequisites();
 
   // The o chunks of this thread's first kCombinePrefetch splits load now, alongside the lse pass, rather than
   // one memory round trip after it.
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   mx = sm_red[0];
   for (int w = 1; w < threads / 32; ++w) mx = fmaxf(mx, sm_red[w]);
   // Each thread rewrites only the entries it wrote above.
-  for (int s = tid; s < n; s += threads) sm_w[s] = mx == neg_inf() ? 0.f : decode_ptx::exp2_approx(sm_w[s] - mx);
+  for (int s = tid; s < n; s += threads) sm_w[s] = mx == neg_inf() ? 0.f : fast_exp2(sm_w[s] - mx);
   __syncthreads();
 
   float sum = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -113,13 +116,10 @@ __global__ void __launch_bounds__(256) decode_combine_kernel(const __grid_consta
   for (int e = 0; e < 8; ++e) out[e] *= inv;
   const int64_t b = row / p.num_q_heads;
   const int64_t qh = row % p.num_q_heads;
-  store8_bf16(static_cast<bf16*>(p.out_ptr) + (b * p.out_batch_stride + qh * p.out_head_stride + 8 * c), out);
+  store_bf16<8, true>(static_cast<bf16*>(p.out_ptr) + (b * p.out_batch_stride + qh * p.out_head_stride + 8 * c), out);
 }
 
-// Launches the combine for params already checked; pdl: as a programmatic dependent of the previous launch
-// on `stream` (the decode kernel). Only when the combine was compiled for sm_90+ (it then waits with
-// griddepcontrol.wait); a compute_80 PTX image JIT-compiled for an H200 has no wait and must not use it.
-inline cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, bool pdl) {
+cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, bool pdl) {
   // One block per (b, q head) row: kCombineLanes split lanes x D/8 chunks (64..256 threads).
   const int64_t rows = int64_t(p.batch) * p.num_q_heads;
   const dim3 block(unsigned((p.head_dim / 8) * kCombineLanes));

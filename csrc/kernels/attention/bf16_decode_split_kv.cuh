@@ -6,15 +6,14 @@
 
 #include <cuda_bf16.h>
 
-#include "kernels/attention/async_copy.cuh"
-#include "kernels/attention/decode_mma.cuh"
 #include "kernels/attention/params.h"
+#include "kernels/common/ptx/async_copy.cuh"
+#include "kernels/common/ptx/griddep.cuh"
+#include "kernels/common/ptx/ldmatrix.cuh"
+#include "kernels/common/ptx/math.cuh"
+#include "kernels/common/ptx/mma_sm80.cuh"
+#include "kernels/common/ptx/smem.cuh"
 #include "kernels/common/vec_types.cuh"
-
-// Paged decode: 1 reads each tile's page ids one issue ahead (a register per lane), 0 when the tile is issued.
-#ifndef ASTRAI_DECODE_PAGE_PREFETCH
-#define ASTRAI_DECODE_PAGE_PREFETCH 1
-#endif
 
 namespace astrai {
 namespace attention {
@@ -39,13 +38,11 @@ struct DecodeTile {
 };
 
 // Production tiles, and the blocks per SM of the one wave the split planner fills with them (attn_decode_plan).
-// D = 128: 8 warps, 2 stages (128 KB of ring, one block per SM). The H200 sweep of 2026-12-01
-// (csrc/tools/decode_merge_sweep.cu; GQA 32/8, B 1..64, L 512..32768) against the earlier 2 warps x 3 stages
-// (48 KB) at 2 blocks per SM: paged (page 16) B = 16, L = 4096 64.5 vs 68.6 µs and L = 16384 245.8 vs 252.1;
-// contiguous B = 16, L = 4096 62.8 vs 66.3 (one split, no combine), B = 1, L = 4096 10.6 vs 10.7; B = 64 level;
-// B = 1, L = 512 6.3 vs 5.9 and contiguous B = 32, L = 4096 123.9 vs 121.1 (one wave of 2 blocks per SM beats
-// two of 1 there) slower. 4 warps x 3 stages was up to 4% faster for contiguous K/V at B <= 8 but 10-15%
-// slower for paged at B = 16; one tile serves both so that a fixed split gives them equal bits.
+// D = 128: 8 warps, 2 stages (128 KB of ring, one block per SM): against the earlier 2 warps x 3 stages (48 KB)
+// at 2 blocks per SM it wins for paged K/V and for contiguous one-split plans and loses a little where one wave
+// of 2 blocks per SM beats two of 1 (csrc/tools/decode_merge_sweep.cu; docs/benchmarks.md, decode section).
+// 4 warps x 3 stages gains for contiguous K/V at small batches but loses more for paged K/V; one tile serves
+// both so that a fixed split gives them equal bits.
 // D = 64 and 256: 48 KB blocks (not re-swept); paged targets 4 per SM, contiguous D = 64 2 (see the planner).
 template <int kHeadDim>
 struct DecodeDefaultTile;
@@ -70,8 +67,8 @@ struct DecodeDefaultTile<256> {
 
 // The tile where a block may not take the default tile's shared memory (sm_89 and sm_120 allow 99 KB per block
 // against the 8-warp D = 128 tile's 128 KB), and for splits shorter than one 16-key tile per warp of the default
-// (launch_decode_split_kv): 4 warps x 3 stages (96 KB), also one block per SM, so the plan is the same. On the H200 it was 0.5-4% faster than the default for contiguous K/V and 10-15% slower for paged
-// K/V at B = 16 (csrc/tools/decode_merge_sweep.cu, 2026-12-01); not measured on an sm_89 or sm_120 part.
+// (launch_decode_split_kv): 4 warps x 3 stages (96 KB), also one block per SM, so the plan is the same (its speed
+// against the default on sm_90: docs/benchmarks.md, decode section).
 template <int kHeadDim>
 struct DecodeSmallSmemTile {
   using type = typename DecodeDefaultTile<kHeadDim>::type;
@@ -95,136 +92,15 @@ struct DecodeTraits {
   // Epilogue: per warp and head, unnormalized o, running max (log2) and sum, over the ring.
   static constexpr int kEpilogueBytes = Tile::kWarps * kMaxGroup * (kHeadDim + 2) * 4;
   static_assert(kEpilogueBytes <= kSmemBytes, "the epilogue fits the ring");
-  // Fused merge (decode_merge_splits): n * heads weights plus two staging buffers of at least one split each.
-  static constexpr bool merge_fits(int num_splits, int heads) {
-    return int64_t(num_splits) * heads * 4 + 2 * int64_t(heads) * kHeadDim * 4 <= kSmemBytes;
-  }
 };
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-__device__ __forceinline__ void store8_bf16(void* dst, const float* f) {
-  *reinterpret_cast<uint4*>(dst) = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]),
-                                              pack_bf16x2(f[4], f[5]), pack_bf16x2(f[6], f[7]));
-}
-
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-
-// Fused split merge, run by the last-arriving split block of a (sequence, kv head, head group) over the ring:
-// out = sum_s w_s o_s / sum_s w_s, w_s = exp2(lse_s - max lse), summed in split order per element. Every
-// partial, the merging block's own included, is read back from global memory, so the bits do not depend on
-// which block arrives last, and the order depends on the shapes only (batch invariant). The o rows of a
-// split (heads * D fp32, contiguous) stream through two staging buffers with cp.async (no registers, a
-// whole buffer in flight); L2-only loads (.cg) throughout, since L1 is not coherent with the other SMs.
-// Needs DecodeTraits::merge_fits(n, heads) (the launcher checks it).
-template <int kHeadDim, class Tile>
-__device__ __forceinline__ void decode_merge_splits(const DecodeParams& p, unsigned char* smem, int b, int qh0,
-                                                    int heads) {
-  using Traits = DecodeTraits<kHeadDim, Tile>;
-  constexpr int kThreads = Traits::kThreads;
-  constexpr int kVecs = kHeadDim / 4;                                 // float4 per head row
-  constexpr int kItems = (kMaxGroup * kVecs + kThreads - 1) / kThreads;  // (head, float4) items per thread
-  __shared__ float sm_max[kMaxGroup];
-  const int n = p.num_splits;
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int row_floats = heads * kHeadDim;   // o of one split
-  const int row_vecs = heads * kVecs;
-  float* sm_w = reinterpret_cast<float*>(smem + Traits::kSmemBytes) - n * heads;  // [n][heads]: lse, then weight
-  float* stage = reinterpret_cast<float*>(smem);                                  // [2][per_buf][heads][D]
-  const int per_buf = (Traits::kSmemBytes - n * heads * 4) / (2 * row_floats * 4);
-  const int rounds = (n + per_buf - 1) / per_buf;
-  const int64_t split_stride = int64_t(p.batch) * p.num_q_heads;  // rows between splits
-  const int64_t row0 = int64_t(b) * p.num_q_heads + qh0;          // split 0's first row of this block
-
-  auto issue = [&](int r) {
-    if (r < rounds) {
-      const int s0 = r * per_buf;
-      const int cnt = min(per_buf, n - s0);
-      float* dst = stage + (r & 1) * per_buf * row_floats;
-      for (int i = tid; i < cnt * row_vecs; i += kThreads) {
-        const int j = i / row_vecs;
-        const int e = i - j * row_vecs;
-        cp_async16(dst + j * row_floats + 4 * e, p.partial_o_ptr + ((s0 + j) * split_stride + row0) * kHeadDim + 4 * e);
-      }
-    }
-    cp_async_commit();
-  };
-  issue(0);
-  issue(1);
-
-  // Weights: per-head max over the splits (warp w reduces heads w, w + kWarps, ...), then exp2 in place.
-  for (int i = tid; i < n * heads; i += kThreads) {
-    const int s = i / heads;
-    sm_w[i] = __ldcg(p.partial_lse_ptr + s * split_stride + row0 + (i - s * heads));
-  }
-  __syncthreads();
-  for (int g = warp; g < heads; g += Tile::kWarps) {
-    float mx = neg_inf();
-    for (int s = lane; s < n; s += 32) mx = fmaxf(mx, sm_w[s * heads + g]);
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    if (lane == 0) sm_max[g] = mx;
-  }
-  __syncthreads();
-  for (int i = tid; i < n * heads; i += kThreads) {
-    const float lse = sm_w[i];
-    sm_w[i] = lse == neg_inf() ? 0.f : decode_ptx::exp2_approx(lse - sm_max[i % heads]);  // empty split: 0
-  }
-
-  float acc[kItems][4], sum[kItems];  // (kItems, 4): weighted o of dims 4 c .. 4 c + 3 of head g, per item
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = sum[k] = 0.f;
-  for (int r = 0; r < rounds; ++r) {
-    cp_async_wait<1>();  // this thread's copies of round r have landed (round r + 1 may be in flight)
-    __syncthreads();     // ... and every thread's; the weights are written
-    const float* src = stage + (r & 1) * per_buf * row_floats;
-    const int s0 = r * per_buf;
-    const int cnt = min(per_buf, n - s0);
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int item = tid + k * kThreads;  // consecutive threads, consecutive float4: no bank conflict
-      if (item < row_vecs) {
-        const int g = item / kVecs;
-        for (int j = 0; j < cnt; ++j) {
-          const float w = sm_w[(s0 + j) * heads + g];
-          const float4 v = *reinterpret_cast<const float4*>(src + j * row_floats + 4 * item);
-          acc[k][0] = fmaf(w, v.x, acc[k][0]);
-          acc[k][1] = fmaf(w, v.y, acc[k][1]);
-          acc[k][2] = fmaf(w, v.z, acc[k][2]);
-          acc[k][3] = fmaf(w, v.w, acc[k][3]);
-          sum[k] += w;
-        }
-      }
-    }
-    __syncthreads();  // buffer r & 1 is free again
-    issue(r + 2);
-  }
-  cp_async_wait<0>();  // only empty groups remain; nothing may be pending at exit
-
-  using bf16 = __nv_bfloat16;
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int item = tid + k * kThreads;
-    if (item < row_vecs) {
-      const int g = item / kVecs;
-      const int c = item - g * kVecs;
-      const float inv = sum[k] > 0.f ? 1.f / sum[k] : 0.f;
-      const int64_t at = int64_t(b) * p.out_batch_stride + int64_t(qh0 + g) * p.out_head_stride + 4 * c;
-      *reinterpret_cast<uint2*>(static_cast<bf16*>(p.out_ptr) + at) =
-          make_uint2(pack_bf16x2(acc[k][0] * inv, acc[k][1] * inv), pack_bf16x2(acc[k][2] * inv, acc[k][3] * inv));
-    }
-  }
-}
 
 // grid: (Hkv * head_groups, B, num_splits); block: Tile::kWarps * 32; dynamic shared memory:
 // DecodeTraits::kSmemBytes.
 // Split s covers keys [s * split_len, min((s + 1) * split_len, kv_len)). Keys past kv_len, masked, past
 // mask_len or on an invalid page are dropped. A query with no kept key gets 0 (lse -inf).
-// num_splits > 1: every block writes its normalized partial and lse; with split_counters_ptr the last block
-// of each (b, blockIdx.x) to arrive then merges them (decode_merge_splits), else the combine kernel does.
+// num_splits > 1: every block writes its normalized partial and lse; the combine kernel merges them.
 //
 // Per warp and tile of T keys (g = lane / 4, c = 2 (lane % 4)):
 //   S = Q K^T      mma M = q heads (rows 0..7, the rest zero), N = 8 keys, K = 16 dims; Q stays in registers as
@@ -253,15 +129,16 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
   // The next kernel of the stream (the combine, or the next call's decode), when launched as a programmatic
   // dependent, may take free SM slots now: it waits for this grid's completion before touching global memory,
   // and all of this grid's blocks are resident by the time it starts.
-  decode_ptx::launch_dependents();
+  launch_dependents();
   // Launched as a programmatic dependent itself (the launcher's choice), this block may be resident while the
   // stream's previous kernel still runs: nothing global is read or written before that grid has completed and
   // its writes are visible. Otherwise (and below sm_90) a no-op.
-  decode_ptx::wait_prerequisites();
+  wait_prerequisites();
   // Inputs are read with plain loads, never __ldg: ptxas treats a non-coherent (.nc) load as reading memory
   // that does not change while the kernel runs and hoisted one above griddepcontrol.wait (seen in the SASS),
   // where the previous kernel may still be writing it (q, lengths, the page table). Not __ldcg (L2 only) either:
-  // 2-7 µs slower at B = 1 on the H200, presumably the 16 blocks of a kv head each reading its q from L2.
+  // slower at B = 1 (docs/benchmarks.md, decode section), presumably the 16 blocks of a kv head each reading its
+  // q from L2.
 
   const int group_size = p.num_q_heads / p.num_kv_heads;
   const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
@@ -314,14 +191,14 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
   const uint8_t* mask_row = p.mask_ptr == nullptr ? nullptr : p.mask_ptr + int64_t(b) * p.mask_batch_stride;
   unsigned char* warp_ring = sm_ring + warp * (kStages * Traits::kStageBytes);
 
-  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (ASTRAI_DECODE_PAGE_PREFETCH),
-  // so a tile's copies never wait on a page-table read.
+  // Paged: lane r's page id of the warp's next local tile, read one issue ahead (a register per lane), so a
+  // tile's copies never wait on a page-table read.
   const int32_t* table_row = kPaged ? p.page_table_ptr + int64_t(b) * p.page_table_batch_stride : nullptr;
   auto read_page = [&](int i) -> int {
     const int t = start + (warp + i * kWarps) * kT + lane;
     return lane < kT && t < end ? table_row[t >> p.page_size_log2] : -1;
   };
-  int page_ahead = kPaged && ASTRAI_DECODE_PAGE_PREFETCH ? read_page(0) : 0;
+  int page_ahead = kPaged ? read_page(0) : 0;
 
   // Starts the copies of this warp's local tile `i` into ring slot `slot` and returns its keep bits (bit r:
   // key r of the tile). Lane r < kT decides key r (mask byte, page id); the copying lanes read the page ids
@@ -334,12 +211,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     if (keep && mask_row != nullptr) keep = t < p.mask_len && mask_row[t] != 0;
     int page = 0;
     if constexpr (kPaged) {
-      if constexpr (ASTRAI_DECODE_PAGE_PREFETCH) {
-        page = page_ahead;
-        page_ahead = read_page(i + 1);
-      } else if (keep) {
-        page = table_row[t >> p.page_size_log2];
-      }
+      page = page_ahead;
+      page_ahead = read_page(i + 1);
       keep = keep && page >= 0 && page < p.num_pages;
     }
     const uint32_t bits = __ballot_sync(0xffffffffu, keep);
@@ -400,7 +273,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
     __syncwarp();                  // ... and every other lane's (and their zero fills)
     const uint32_t bits = keep[0];
-    const uint32_t k_smem = decode_ptx::smem_u32(warp_ring + slot * Traits::kStageBytes);
+    const uint32_t k_smem = smem_addr(warp_ring + slot * Traits::kStageBytes);
     const uint32_t v_smem = k_smem + Traits::kTileBytes;
     slot = slot + 1 == kStages ? 0 : slot + 1;
 
@@ -414,9 +287,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
       for (int q4 = 0; q4 < kHeadDim / 32; ++q4) {
         uint32_t kb[4];  // chunks 4 q4 .. 4 q4 + 3 of keys 8 nt .. 8 nt + 7: B fragments of k-steps 2 q4, 2 q4 + 1
         const int ch = 4 * q4 + (lane >> 3);
-        decode_ptx::ldmatrix_x4(kb, k_smem + (row * kChunks + (ch ^ (lane & 7))) * 16);
-        decode_ptx::mma_16816(s[nt], qa[2 * q4][0], 0u, qa[2 * q4][1], 0u, kb[0], kb[1]);
-        decode_ptx::mma_16816(s[nt], qa[2 * q4 + 1][0], 0u, qa[2 * q4 + 1][1], 0u, kb[2], kb[3]);
+        ldmatrix_x4(kb, k_smem + (row * kChunks + (ch ^ (lane & 7))) * 16);
+        mma_bf16_16816(s[nt], {qa[2 * q4][0], 0u, qa[2 * q4][1], 0u}, kb[0], kb[1]);
+        mma_bf16_16816(s[nt], {qa[2 * q4 + 1][0], 0u, qa[2 * q4 + 1][1], 0u}, kb[2], kb[3]);
       }
     }
 
@@ -434,7 +307,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // Rescale only when some head's max grew (rare after the first tiles); m_run == -inf gives alpha 0.
     if (__any_sync(0xffffffffu, mx > m_run)) {
-      const float alpha = mx > m_run ? decode_ptx::exp2_approx(m_run - mx) : 1.f;
+      const float alpha = mx > m_run ? fast_exp2(m_run - mx) : 1.f;
       l_run *= alpha;
       // This lane's O^T columns are heads c and c + 1, whose states live in quads c and c + 1.
       const float alpha_lo = __shfl_sync(0xffffffffu, alpha, 4 * cq);
@@ -454,12 +327,12 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     uint32_t ph[kKK][2], pl[kKK][2];  // (kKK, 2) bf16x2: P's bf16 rounding and (kSplitP) the remainder
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      const float p0 = decode_ptx::exp2_approx(s[nt][0] - base);
-      const float p1 = decode_ptx::exp2_approx(s[nt][1] - base);
+      const float p0 = fast_exp2(s[nt][0] - base);
+      const float p1 = fast_exp2(s[nt][1] - base);
       l_run += p0 + p1;
-      const uint32_t hi = pack_bf16x2(p0, p1);
+      const uint32_t hi = pack_bf16x2_rn(p0, p1);
       ph[nt / 2][nt % 2] = hi;
-      pl[nt / 2][nt % 2] = Tile::kSplitP ? pack_bf16x2(p0 - bf16_lo(hi), p1 - bf16_hi(hi)) : 0u;
+      pl[nt / 2][nt % 2] = Tile::kSplitP ? pack_bf16x2_rn(p0 - bf16_lo(hi), p1 - bf16_hi(hi)) : 0u;
     }
 
 #pragma unroll
@@ -469,9 +342,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
       for (int mt = 0; mt < kMT; ++mt) {
         uint32_t va[4];  // V^T[16 mt .. 16 mt + 15][16 kk .. 16 kk + 15] as the A fragment
         const int ch = 2 * mt + ((lane >> 3) & 1);
-        decode_ptx::ldmatrix_x4_trans(va, v_smem + (row * kChunks + (ch ^ (lane & 7))) * 16);
-        decode_ptx::mma_16816(o[mt], va[0], va[1], va[2], va[3], ph[kk][0], ph[kk][1]);
-        if constexpr (Tile::kSplitP) decode_ptx::mma_16816(o[mt], va[0], va[1], va[2], va[3], pl[kk][0], pl[kk][1]);
+        ldmatrix_x4_trans(va, v_smem + (row * kChunks + (ch ^ (lane & 7))) * 16);
+        mma_bf16_16816(o[mt], va, ph[kk][0], ph[kk][1]);
+        if constexpr (Tile::kSplitP) mma_bf16_16816(o[mt], va, pl[kk][0], pl[kk][1]);
       }
     }
   }
@@ -511,7 +384,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     if (mx != neg_inf()) {
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const float wt = decode_ptx::exp2_approx(sm_m[w * kMaxGroup + g] - mx);  // 0 for an empty warp
+        const float wt = fast_exp2(sm_m[w * kMaxGroup + g] - mx);  // 0 for an empty warp
         sum = fmaf(sm_l[w * kMaxGroup + g], wt, sum);
         const float4 a = *reinterpret_cast<const float4*>(&sm_o[(w * kMaxGroup + g) * kHeadDim + c]);
         const float4 bb = *reinterpret_cast<const float4*>(&sm_o[(w * kMaxGroup + g) * kHeadDim + c + 4]);
@@ -527,7 +400,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
     const int qh = kvh * group_size + g0 + g;
     if (p.num_splits == 1) {
       const int64_t at = int64_t(b) * p.out_batch_stride + int64_t(qh) * p.out_head_stride + c;
-      store8_bf16(static_cast<bf16*>(p.out_ptr) + at, out);
+      store_bf16<8, true>(static_cast<bf16*>(p.out_ptr) + at, out);
     } else {
       const int64_t row = (int64_t(split) * p.batch + b) * p.num_q_heads + qh;
       float4* dst = reinterpret_cast<float4*>(p.partial_o_ptr + row * kHeadDim + c);
@@ -535,24 +408,6 @@ __global__ void __launch_bounds__(Tile::kWarps * 32) decode_split_kv_kernel(cons
       dst[1] = make_float4(out[4], out[5], out[6], out[7]);
       if (c == 0) p.partial_lse_ptr[row] = sum > 0.f ? mx + log2f(sum) : neg_inf();
     }
-  }
-
-  // Fused merge: release (each thread fences its partial stores, then one arrival per block), the counter's
-  // last value elects the merger and atomicInc's wrap leaves the counter zero for the next launch; acquire
-  // (fence after observing the count, then the barrier) before the merger reads the others' partials.
-  if (p.num_splits > 1 && p.split_counters_ptr != nullptr) {
-    __shared__ int sm_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      unsigned int* counter =
-          reinterpret_cast<unsigned int*>(p.split_counters_ptr) + (int64_t(b) * gridDim.x + blockIdx.x);
-      const unsigned int last = unsigned(p.num_splits - 1);
-      sm_last = atomicInc(counter, last) == last;
-      __threadfence();
-    }
-    __syncthreads();  // also: every thread is done with the epilogue's shared memory
-    if (sm_last) decode_merge_splits<kHeadDim, Tile>(p, sm_ring, b, kvh * group_size + g0, heads);
   }
 }
 

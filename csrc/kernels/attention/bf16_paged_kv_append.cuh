@@ -5,8 +5,8 @@
 
 #include <cuda_bf16.h>
 
-#include "kernels/attention/decode_mma.cuh"
 #include "kernels/attention/params.h"
+#include "kernels/common/ptx/griddep.cuh"
 
 namespace astrai {
 namespace attention {
@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(256) paged_kv_append_kernel(const __grid_const
   using bf16 = __nv_bfloat16;
   // A decode launched next as a programmatic dependent (ASTRAI_DECODE_PDL) may be scheduled now: it waits for
   // this grid's completion before reading the cache.
-  decode_ptx::launch_dependents();
+  launch_dependents();
   const int chunks = p.head_dim / 8;
   const int64_t items = p.num_tokens * p.num_kv_heads * chunks;
   const int64_t positions_end = int64_t(p.max_pages) << p.page_size_log2;

@@ -7,29 +7,14 @@
 
 #include <cuda_bf16.h>
 
-#include "kernels/attention/async_copy.cuh"
-#include "kernels/attention/mma_bf16_sm80.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/attention/prefill_schedule.h"
-
-// Paged K/V addressing. 1: the 64-bit offsets of a tile's key rows are computed once per row (by thread `row`,
-// two iterations ahead) into shared memory, and the 16 threads loading a row's chunks read them (one broadcast
-// 16-byte load per row); 0: every loading thread resolves the page of each row it loads (a page-id load, a range
-// check and four 64-bit products per row and thread). 1: the H200 sweep (2026-11-29) measured paged (page 16)
-// at 281-311 TFLOP/s with it, 241-306 without (worst paged/contiguous time 1.11 vs 1.15 at equal steps).
-// sm_90a, D = 128 paged, ptxas spill stores / loads: 34 / 56 B with 1, 32 / 36 with 0. 1 adds 2 x BN x 16 bytes
-// of shared memory (D = 128: 99.0 KB, the limit).
-#ifndef ASTRAI_PREFILL_PAGED_ROW_OFFSETS
-#define ASTRAI_PREFILL_PAGED_ROW_OFFSETS 1
-#endif
-// Row offsets on: rows of a tile's issue loop unrolled together (0: all).
-#ifndef ASTRAI_PREFILL_ROWOFF_UNROLL
-#define ASTRAI_PREFILL_ROWOFF_UNROLL 0
-#endif
-// k-steps of S = Q K^T unrolled together (of D / 16).
-#ifndef ASTRAI_PREFILL_KK_UNROLL
-#define ASTRAI_PREFILL_KK_UNROLL 4
-#endif
+#include "kernels/common/ptx/async_copy.cuh"
+#include "kernels/common/ptx/ldmatrix.cuh"
+#include "kernels/common/ptx/math.cuh"
+#include "kernels/common/ptx/mma_sm80.cuh"
+#include "kernels/common/ptx/smem.cuh"
+#include "kernels/common/swizzle.cuh"
 
 namespace astrai {
 namespace attention {
@@ -61,20 +46,19 @@ struct PrefillTraits {
   static constexpr int kChunks = kHeadDim / 8;                       // 16-byte chunks per row
   // Keys per softmax step: a 64-key tile of D = 128 is computed in two halves, so that the S accumulators take
   // 32 registers next to O's 128 (at 64 the transient peak of S, fragments and O passes 255 and ptxas spills
-  // ~130 bytes; the halves cost 16 more Q ldmatrix per tile and warp instead). ASTRAI_PREFILL_HD128_SUBN=64
-  // builds the other trade-off; it wins for contiguous K/V and paged page groups and loses with per-row page
-  // offsets (see the macros), so at D = 128 that path's results may differ from the others' in the last bits.
-  static constexpr int kSubN =
-      kHeadDim == 128 ? (kRowPages ? ASTRAI_PREFILL_HD128_SUBN_PAGED : ASTRAI_PREFILL_HD128_SUBN) : kBN;
+  // ~130 bytes; the halves cost 16 more Q ldmatrix per tile and warp instead). That is the trade-off of paged K/V
+  // through per-row offsets; contiguous K/V and paged page groups are faster in whole 64-key steps in spite of the
+  // spills (docs/benchmarks.md, prefill section), so at D = 128 the row-offset path's results may differ from the
+  // others' in the last bits.
+  static constexpr int kSubN = kHeadDim == 128 ? (kRowPages ? 32 : 64) : kBN;
   static_assert(kBN % kSubN == 0 && kSubN % 16 == 0, "softmax steps split a K/V tile into 16-key blocks");
   static constexpr int kSTiles = kSubN / 8;                          // n8 tiles of S per m16 tile
   static constexpr int kOTiles = kHeadDim / 8;                       // n8 tiles of O per m16 tile
   static constexpr int kRowsPerPass = kThreads / kChunks;            // rows one 16-byte load per thread covers
   static constexpr int kGroupRows = kBN / kRowsPerPass;              // K/V rows of a tile one thread copies
-  static constexpr bool kRowOffsets = ASTRAI_PREFILL_PAGED_ROW_OFFSETS != 0;
   static constexpr int kPageSlots = 3;                               // page-id rows: tiles j, j + 1, j + 2
-  static constexpr int kOffBufs = kRowOffsets ? 2 : 0;               // row-offset rows: tiles j + 1, j + 2
-  static constexpr int kKkUnroll = ASTRAI_PREFILL_KK_UNROLL;         // k-steps of S unrolled together
+  static constexpr int kOffBufs = 2;                                 // row-offset rows: tiles j + 1, j + 2
+  static constexpr int kKkUnroll = 4;                                // k-steps of S unrolled together (of D / 16)
   static constexpr int kQChunks = kBM * kChunks;                     // sQ: (BM, D) in 16-byte chunks
   static constexpr int kTileChunks = kBN * kChunks;                  // one K or V tile: (BN, D)
   static constexpr int kSmemBytes =
@@ -178,7 +162,11 @@ __device__ __forceinline__ TileKeys tile_keys(const PrefillParams& p, const QTil
 // Paged K/V is copied one of two ways. kPageGroups (page_size >= Tr::kGroupRows): thread tid copies its chunk of
 // kGroupRows consecutive key rows of a tile, which lie on one page, so it reads one page id per tile (a register,
 // one tile ahead) and steps a row pointer, as for contiguous K/V. Otherwise (pages of 1..4 keys) it copies every
-// kRowsPerPass-th row, each on its own page, through per-row offsets in shared memory (row offsets, above).
+// kRowsPerPass-th row, each on its own page, through per-row offsets in shared memory: the 64-bit K and V offsets
+// of a tile's key rows are computed once per row (by thread `row`, two iterations ahead), and the 16 threads
+// loading a row's chunks read them with one broadcast 16-byte load, rather than each resolving the page of every
+// row it loads (a page-id load, a range check and four 64-bit products per row and thread, which was slower:
+// docs/benchmarks.md, prefill section).
 template <int kHeadDim, bool kRaggedQ, bool kPaged, bool kPageGroups = false>
 // 2 blocks per SM: 4 warps at up to 255 registers each use the whole register file of an SM at 2 x 128 threads.
 __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const __grid_constant__ PrefillParams p) {
@@ -191,7 +179,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
   extern __shared__ __align__(128) uint4 smem[];
   uint4* const sQ = smem;                                            // (BM, D), swizzled; O in the epilogue
   uint4* const sKV = smem + Tr::kQChunks;                            // (stages, K|V, BN, D), swizzled
-  // (2, BN) {K, V} element offsets of each key row (row offsets on); then (kPageSlots, BN) page ids
+  // (2, BN) {K, V} element offsets of each key row (paged, row offsets); then (kPageSlots, BN) page ids
   longlong2* const sRowOff = reinterpret_cast<longlong2*>(sKV + Tr::kStages * 2 * Tr::kTileChunks);
   int32_t* const sPage = reinterpret_cast<int32_t*>(sRowOff + Tr::kOffBufs * kBN);
 
@@ -231,22 +219,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     }
   };
 
-  // Paged: the table entry of key j * BN + tid (tid < BN) goes to sPage[slot][tid] by a 4-byte cp.async (one
-  // table read per key; no register waits on it); keys past kv_len get -1. Readers range-check the id.
-  auto fetch_pages = [&](int j, int slot) {
-    const int t = j * kBN + tid;
-    if (tid < kBN) {
-      if (t < kv_len) {
-        cp_async4(sPage + slot * kBN + tid,
-                  p.page_table_ptr + (int64_t(b) * p.page_table_batch_stride + (t >> p.page_size_log2)));
-      } else {
-        sPage[slot * kBN + tid] = -1;
-      }
-    }
-  };
   auto page_ok = [&](int32_t id) { return id >= 0 && id < p.num_pages; };
 
-  // Row offsets on: the table entry of key j * BN + tid (tid < BN), read into a register one iteration early
+  // Row offsets: the table entry of key j * BN + tid (tid < BN), read into a register one iteration early
   // (the barrier wait covers its latency); -1 past kv_len.
   auto load_page_id = [&](int j) -> int32_t {
     const int t = j * kBN + tid;
@@ -276,8 +251,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     }
   };
 
-  // Paged: `ids` are the tile's page ids (row offsets off) or `off` its row offsets (on).
-  auto issue_kv = [&](int j, int stage, const int32_t* ids, const longlong2* off) -> bool {
+  // Paged: `off` holds the tile's row offsets.
+  auto issue_kv = [&](int j, int stage, const longlong2* off) -> bool {
     uint4* sK = sKV + stage * (2 * Tr::kTileChunks) + swizzle<kChunks>(ld_row, ld_chunk);
     uint4* sV = sK + Tr::kTileChunks;
     const int t0 = j * kBN + ld_row;  // this thread's first key of the tile
@@ -293,9 +268,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     const bf16* vp = static_cast<const bf16*>(p.v_ptr) +
                      (int64_t(key) * p.v_seq_stride + int64_t(kvh) * p.v_head_stride +
                       int64_t(kv_batch) * p.v_batch_stride + ld_chunk * 8);
-    // Full unroll by default; a partial one (row offsets on) was measured by ptxas to spill more, kept to sweep.
-    constexpr bool kPartial = kPaged && Tr::kRowOffsets && ASTRAI_PREFILL_ROWOFF_UNROLL > 0;
-    constexpr int kIssueUnroll = kPartial ? ASTRAI_PREFILL_ROWOFF_UNROLL : kBN / kRowsPerPass;
+    // Fully unrolled: a partial unroll spills more (ptxas).
+    constexpr int kIssueUnroll = kBN / kRowsPerPass;
 #pragma unroll kIssueUnroll
     for (int r = 0; r < kBN; r += kRowsPerPass) {
       const int t = t0 + r;
@@ -306,19 +280,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       bool ok;
       const bf16* ksrc;
       const bf16* vsrc;
-      if constexpr (kPaged && Tr::kRowOffsets) {
+      if constexpr (kPaged) {
         const longlong2 o = off[ld_row + r];  // same address for the row's 16 threads: a broadcast
         ok = o.x >= 0;
         bad |= o.x == kRowBadPage;
         ksrc = kp + o.x;
         vsrc = vp + o.y;
-      } else if constexpr (kPaged) {
-        const int32_t id = ids[ld_row + r];
-        ok = page_ok(id);  // false past kv_len too (-1)
-        bad |= !ok && t < kv_len;
-        const int slot = t & ((1 << p.page_size_log2) - 1);
-        ksrc = kp + (int64_t(id) * p.k_batch_stride + int64_t(slot) * p.k_seq_stride);
-        vsrc = vp + (int64_t(id) * p.v_batch_stride + int64_t(slot) * p.v_seq_stride);
       } else {
         ok = t < kv_len;
         ksrc = kp;
@@ -562,10 +529,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
 
   // ---- main loop: tile j computes while tile j + 1 lands ---------------------------------------------
   // Paged: the page ids of tile j sit in sPage row j % 3.
-  // Row offsets off: iteration j fetches row j + 2 in the same cp.async group as K/V tile j + 1; the wait and
-  // barrier of iteration j + 1 publish both, before iteration j + 1 issues tile j + 2 from them. Row (j + 2) % 3
-  // held tile j - 1, whose readers are past that barrier.
-  // Row offsets on: row offsets of tile j in sRowOff row j % 2. Iteration j resolves tile j + 2 (its ids loaded
+  // Row offsets: row offsets of tile j in sRowOff row j % 2. Iteration j resolves tile j + 2 (its ids loaded
   // into a register at the end of iteration j - 1) into id row (j + 2) % 3 and offset row j % 2, whose readers
   // (tile j - 1's mask, issue_kv(j)) ran before this barrier; the barrier of iteration j + 1 publishes them to
   // issue_kv(j + 2). Then, after the tile's math, it loads the ids of tile j + 3.
@@ -579,24 +543,18 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       first_id = group_page_id(0);
       next_id = n_tiles > 1 ? group_page_id(1) : -1;
       __syncthreads();  // the bits are zero before any copy marks them
-    } else if constexpr (kPaged && Tr::kRowOffsets) {
+    } else if constexpr (kPaged) {
       const int32_t id0 = load_page_id(0), id1 = n_tiles > 1 ? load_page_id(1) : -1;
       resolve_row(0, id0, sPage, off_row(0));
       if (n_tiles > 1) resolve_row(1, id1, sPage + kBN, off_row(1));
       if (n_tiles > 2) next_id = load_page_id(2);
-      __syncthreads();
-    } else if constexpr (kPaged) {
-      fetch_pages(0, 0);
-      if (n_tiles > 1) fetch_pages(1, 1);
-      cp_async_commit();
-      cp_async_wait<0>();
       __syncthreads();
     }
     issue_q();
     if constexpr (kPageGroups) {
       issue_kv_groups(0, 0, 0, first_id);
     } else {
-      bad = issue_kv(0, 0, sPage, off_row(0));
+      bad = issue_kv(0, 0, off_row(0));
     }
     cp_async_commit();
     (void)first_id;
@@ -624,11 +582,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
       } else {
         __syncthreads();
       }
-      if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, sPage + slot1 * kBN, off_row(j + 1));
-      if constexpr (kPaged && Tr::kRowOffsets) {
+      if (j + 1 < n_tiles) bad = issue_kv(j + 1, stage ^ 1, off_row(j + 1));
+      if constexpr (kPaged) {
         if (j + 2 < n_tiles) resolve_row(j + 2, next_id, sPage + slot2 * kBN, off_row(j));
-      } else if constexpr (kPaged) {
-        if (j + 2 < n_tiles) fetch_pages(j + 2, slot2);
       }
     }
     cp_async_commit();
@@ -641,7 +597,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) prefill_bf16_kernel(const 
     } else {
       tile_step(std::false_type{}, j, stage, tile_pages);
     }
-    if constexpr (kPaged && Tr::kRowOffsets && !kPageGroups) {
+    if constexpr (kPaged && !kPageGroups) {
       if (j + 3 < n_tiles) next_id = load_page_id(j + 3);
     }
     slot = slot1;

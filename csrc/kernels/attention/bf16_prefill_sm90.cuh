@@ -16,12 +16,17 @@
 #include <cuda.h>  // CUtensorMap (a type only: the launcher reaches the driver through the runtime)
 #include <cuda_bf16.h>
 
-#include "kernels/attention/async_copy.cuh"
 #include "kernels/attention/bf16_prefill.cuh"
-#include "kernels/attention/mma_bf16_sm80.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/attention/prefill_schedule.h"
-#include "kernels/attention/wgmma_sm90.cuh"
+#include "kernels/common/ptx/arch.cuh"
+#include "kernels/common/ptx/async_copy.cuh"
+#include "kernels/common/ptx/math.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/smem.cuh"
+#include "kernels/common/ptx/sync.cuh"
+#include "kernels/common/ptx/tma.cuh"
+#include "kernels/common/ptx/wgmma_sm90.cuh"
 
 namespace astrai {
 namespace attention {

@@ -5,15 +5,6 @@
 
 #include "kernels/attention/params.h"
 
-// Decode build knobs (-D...), here so that the launcher and the standalone test agree on them.
-// 1: split plans merge in the decode kernel (the last split block of a (b, kv head)), 0: a combine kernel.
-// Off: on the H200 the fused merge (one block pulling every split's partials, plus the counters' memset) was
-// slower than the combine kernel at B = 1 (sweep, 2026-11-29: 16.9 vs 11.4 µs at L = 4096, 49.6 vs 39.7 µs at
-// 32768) and level at B = 16. With it off the op allocates no counters (split_counters_ptr stays null).
-#ifndef ASTRAI_DECODE_FUSED_MERGE
-#define ASTRAI_DECODE_FUSED_MERGE 0
-#endif
-
 namespace astrai {
 namespace attention {
 
@@ -37,11 +28,17 @@ cudaError_t launch_decode_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem
 
 // Launches decode_split_kv_kernel<kHeadDim, paged, tile> for params already checked by the launcher, the tile
 // DecodeDefaultTile<kHeadDim> or, for short splits and small-shared-memory GPUs, DecodeSmallSmemTile<kHeadDim>
-// (with num_splits > 1: the zeroed counters of the fused merge, or the combine, are the caller's).
+// (with num_splits > 1: the combine is the caller's).
 // pdl: launch as a programmatic dependent of the stream's previous kernel (only where the kernel's code for this
 // device is sm_90+, so that it holds the griddepcontrol.wait that guards its first global access).
 template <int kHeadDim>
 cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream, bool pdl = false);
+
+// Launches the combine of a plan with splits for params already checked (bf16_decode_combine.cuh, compiled
+// once, with the launcher); pdl: as a programmatic dependent of the previous launch on `stream` (the decode
+// kernel). Only when the combine was compiled for sm_90+ (it then waits with griddepcontrol.wait); a compute_80
+// PTX image JIT-compiled for an H200 has no wait and must not use it.
+cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, bool pdl);
 
 }  // namespace attention
 }  // namespace astrai

@@ -2,29 +2,24 @@
 // the decode sweep, which instantiates other tiles).
 #pragma once
 
-#include <atomic>
 #include <type_traits>
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
 #include "kernels/attention/decode_dispatch.h"
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
 
 namespace astrai {
 namespace attention {
 
-// Launches decode_split_kv_kernel<kHeadDim, paged, Tile> for params already checked. With split_counters_ptr
-// (fused merge) the counters must be zero: the caller's memset, or left zero by a previous launch. pdl: as a
-// programmatic dependent of the stream's previous kernel (see launch_decode_split_kv).
+// Launches decode_split_kv_kernel<kHeadDim, paged, Tile> for params already checked. pdl: as a programmatic
+// dependent of the stream's previous kernel (see launch_decode_split_kv).
 template <int kHeadDim, class Tile>
 cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream, bool pdl = false) {
   using Traits = DecodeTraits<kHeadDim, Tile>;
   const int group_size = p.num_q_heads / p.num_kv_heads;
   const int head_groups = (group_size + kMaxGroup - 1) / kMaxGroup;
-  if (p.num_splits > 1 && p.split_counters_ptr != nullptr &&
-      !Traits::merge_fits(p.num_splits, group_size < kMaxGroup ? group_size : kMaxGroup)) {
-    return cudaErrorInvalidValue;
-  }
   const dim3 grid(unsigned(p.num_kv_heads * head_groups), unsigned(p.batch), unsigned(p.num_splits));
   auto kernel = p.paged ? decode_split_kv_kernel<kHeadDim, true, Tile> : decode_split_kv_kernel<kHeadDim, false, Tile>;
   // The 48 KB default limit counts static shared memory too (the kernel's few reduction words): a 48 KB ring
@@ -38,21 +33,11 @@ cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream, bool 
 }
 
 // Whether a block of the current device may take `bytes` of dynamic shared memory (plus the decode kernel's
-// few static words); cached per device (the answer is fixed for the process).
+// few static words).
 inline cudaError_t decode_smem_fits(int bytes, bool* fits) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> optin[kMaxDevices];  // 0 unknown, else 1 + the device's opt-in limit per block
-  int device = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  int limit = 0;
-  const int cached = device >= 0 && device < kMaxDevices ? optin[device].load(std::memory_order_relaxed) : 0;
-  if (cached > 0) {
-    limit = cached - 1;
-  } else {
-    ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (device >= 0 && device < kMaxDevices) optin[device].store(limit + 1, std::memory_order_relaxed);
-  }
-  *fits = bytes + 1024 <= limit;
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  *fits = bytes + 1024 <= facts.smem_optin_per_block;
   return cudaSuccess;
 }
 
@@ -60,14 +45,11 @@ template <int kHeadDim>
 cudaError_t launch_decode_split_kv(const DecodeParams& p, cudaStream_t stream, bool pdl) {
   using Tile = typename DecodeDefaultTile<kHeadDim>::type;
   using Small = typename DecodeSmallSmemTile<kHeadDim>::type;
-  static_assert(DecodeTraits<kHeadDim, Tile>::merge_fits(kDecodeMaxSplits, kMaxGroup) &&
-                    DecodeTraits<kHeadDim, Small>::merge_fits(kDecodeMaxSplits, kMaxGroup),
-                "the production tiles fuse the merge of every plan");
   static_assert(DecodeTraits<kHeadDim, Small>::kSmemBytes + 1024 <= 99 * 1024, "the fallback fits sm_89 / sm_120");
   if constexpr (!std::is_same<Tile, Small>::value) {
     // Splits shorter than one tile per warp of the default tile would leave warps idle: the smaller tile takes
-    // them (H200, B = 1, L = 512, 64-key splits: 5.8-6.0 µs against 6.3 with the 8-warp tile). A function of the
-    // plan only, so contiguous and paged K/V, and every batch on a fixed split, still share the tile.
+    // them (docs/benchmarks.md, decode section). A function of the plan only, so contiguous and paged K/V, and
+    // every batch on a fixed split, still share the tile.
     if (p.split_len < Tile::kWarps * Tile::kTileKeys) return launch_decode_tile<kHeadDim, Small>(p, stream, pdl);
     bool fits = false;
     ASTRAI_CUDA_TRY(decode_smem_fits(DecodeTraits<kHeadDim, Tile>::kSmemBytes, &fits));

@@ -44,8 +44,6 @@ struct DecodeParams {
   int32_t split_len;                 // keys per split, a multiple of kSplitAlign (planner output)
   float scale_log2;                  // softmax scale * log2(e): scores are kept in the exp2 domain
   bool paged;                        // KV source: paged when true, contiguous when false
-  int32_t* split_counters_ptr;       // workspace: [B, Hq] int32 split arrival counts (fused merge: the last split
-                                     //   block of a (b, kv head) merges); zeroed by the launcher, left zero
 };
 
 // Prefill: many query rows per sequence, one kernel body templated on the Q schedule (dense / ragged) and

@@ -5,8 +5,10 @@
 
 #include "kernels/attention/bf16_prefill_sm90.cuh"
 #include "kernels/attention/prefill_dispatch.h"
-#include "kernels/common/cuda_check.h"
-#include "kernels/common/env_knob.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
+#include "kernels/common/host/env_knob.h"
+#include "kernels/common/host/tensor_map.h"
 
 namespace astrai {
 namespace attention {
@@ -15,54 +17,29 @@ namespace {
 
 // The SMs of the current device if it runs this image's sm_90a code (compute capability 9.0, the kernel's code
 // built from compute_90a PTX, not JIT-compiled from an older PTX as under the ptx80 / ptx89 images, whose bodies
-// are empty, and room for its shared memory), else 0. Cached per device (the answer cannot change within a
-// process; concurrent first calls compute the same answer).
+// are empty, and room for its shared memory), else 0. The kernel check is cached per device (the answer cannot
+// change within a process; concurrent first calls compute the same answer), the device's facts by device_facts.
 int sm90a_device_sms() {
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  DeviceFacts facts{};
+  if (cudaGetDevice(&device) != cudaSuccess || device_facts(device, &facts) != cudaSuccess) return 0;
+  if (facts.cc_major != 9 || facts.cc_minor != 0 || facts.smem_optin_per_block < PrefillSm90Traits::kSmemBytes ||
+      facts.sm_count <= 0) {
+    return 0;
+  }
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};  // 0 unknown, -1 no, else the SM count
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known != 0) return known > 0 ? known : 0;
-  }
-  int sms = 0;
-  int major = 0, minor = 0, smem_optin = 0, count = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      major == 9 && minor == 0 && smem_optin >= PrefillSm90Traits::kSmemBytes && count > 0) {
+  static std::atomic<int8_t> sm90a_code[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  const bool cacheable = device < kMaxDevices;
+  int8_t known = cacheable ? sm90a_code[device].load(std::memory_order_relaxed) : 0;
+  if (known == 0) {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, prefill_bf16_sm90_kernel<false, false>) == cudaSuccess &&
-        attr.ptxVersion == 90 && attr.binaryVersion == 90) {
-      sms = count;
-    }
+    known = cudaFuncGetAttributes(&attr, prefill_bf16_sm90_kernel<false, false>) == cudaSuccess &&
+                    attr.ptxVersion == 90 && attr.binaryVersion == 90
+                ? 2
+                : 1;
+    if (cacheable) sm90a_code[device].store(known, std::memory_order_relaxed);
   }
-  if (cacheable) cached[device].store(sms > 0 ? sms : -1, std::memory_order_relaxed);
-  return sms;
-}
-
-// cuTensorMapEncodeTiled, reached through the runtime (the image links no driver library); null if the driver
-// has none. Looked up once per process.
-using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
-                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                          CUtensorMapFloatOOBfill);
-TensorMapEncodeTiled tensor_map_encoder() {
-  static const TensorMapEncodeTiled encoder = []() -> TensorMapEncodeTiled {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // clear a failed lookup's error
-      return nullptr;
-    }
-    return reinterpret_cast<TensorMapEncodeTiled>(fn);
-  }();
-  return encoder;
+  return known == 2 ? facts.sm_count : 0;
 }
 
 // One of K / V as a 4-D tensor (head_dim, kv heads, rows, outer; strides in elements) in boxes of 64 columns x
@@ -72,22 +49,13 @@ TensorMapEncodeTiled tensor_map_encoder() {
 bool encode_kv_map(CUtensorMap* map, const void* ptr, int64_t heads, int64_t head_stride, int64_t rows,
                    int64_t row_stride, int64_t outer, int64_t outer_stride, int box_rows) {
   using Tr = PrefillSm90Traits;
-  const TensorMapEncodeTiled encode = tensor_map_encoder();
-  if (encode == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || heads <= 0 || rows <= 0 || outer <= 0) {
-    return false;
-  }
+  if (heads <= 0 || rows <= 0 || outer <= 0) return false;
   const int64_t strides[3] = {(heads == 1 ? Tr::kHeadDim : head_stride) * 2, row_stride * 2,
                               (outer == 1 ? row_stride : outer_stride) * 2};  // bytes
-  for (const int64_t stride : strides) {
-    if (stride <= 0 || stride % 16 != 0 || stride >= (int64_t(1) << 40)) return false;
-  }
-  const cuuint64_t dims[4] = {cuuint64_t(Tr::kHeadDim), cuuint64_t(heads), cuuint64_t(rows), cuuint64_t(outer)};
-  const cuuint64_t byte_strides[3] = {cuuint64_t(strides[0]), cuuint64_t(strides[1]), cuuint64_t(strides[2])};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(box_rows), 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, byte_strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const uint64_t dims[4] = {uint64_t(Tr::kHeadDim), uint64_t(heads), uint64_t(rows), uint64_t(outer)};
+  const uint32_t box[4] = {64, 1, uint32_t(box_rows), 1};
+  return encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, ptr, dims, strides, box,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 // The K/V descriptors of a call, enabled unless ASTRAI_PREFILL_SM90_TMA=0 (read at each launch) or TMA cannot

@@ -5,7 +5,7 @@
 #include "kernels/attention/prefill_dispatch.h"
 #include "kernels/attention/prefill_plan.h"
 #include "kernels/attention/prefill_tile_map.cuh"
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/cuda_check.h"
 
 namespace astrai {
 

@@ -3,7 +3,7 @@
 
 #include "kernels/attention/bf16_prefill.cuh"
 #include "kernels/attention/prefill_dispatch.h"
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/cuda_check.h"
 
 namespace astrai {
 namespace attention {

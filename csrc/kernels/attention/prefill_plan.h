@@ -1,5 +1,4 @@
-// Prefill host logic shared by the launcher and the host emulation: parameter checks and the tile plan
-// (plain C++, no nvcc needed).
+// Prefill host logic: parameter checks and the tile plan (plain C++, no nvcc needed).
 #pragma once
 
 #include <climits>
@@ -9,13 +8,10 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/attention/prefill_schedule.h"
+#include "kernels/common/host/align.h"
 
 namespace astrai {
 namespace attention {
-
-// 16-byte alignment of a pointer, and a stride that keeps 16-byte vectors aligned (in bf16 elements).
-inline bool prefill_aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-inline bool prefill_vec_stride(int64_t s) { return s % 8 == 0; }
 
 // Shapes the kernels support (what the plan needs).
 inline bool prefill_shapes_valid(const PrefillParams& p) {
@@ -52,14 +48,14 @@ inline bool prefill_params_valid(const PrefillParams& p) {
   if (p.mask_ptr != nullptr && (p.mask_len < 0 || (p.mask_q_stride != 0 && p.mask_q_len < 0))) return false;
   if (!std::isfinite(p.scale_log2)) return false;
   // 16-byte cp.async loads of Q, K, V and 16-byte stores of out.
-  if (!prefill_aligned16(p.q_ptr) || !prefill_aligned16(p.k_ptr) || !prefill_aligned16(p.v_ptr) ||
-      !prefill_aligned16(p.out_ptr)) {
+  if (!aligned16(p.q_ptr) || !aligned16(p.k_ptr) || !aligned16(p.v_ptr) ||
+      !aligned16(p.out_ptr)) {
     return false;
   }
   for (int64_t s : {p.q_batch_stride, p.q_seq_stride, p.q_head_stride, p.k_batch_stride, p.k_seq_stride,
                     p.k_head_stride, p.v_batch_stride, p.v_seq_stride, p.v_head_stride, p.out_batch_stride,
                     p.out_seq_stride, p.out_head_stride}) {
-    if (!prefill_vec_stride(s)) return false;
+    if (!bf16_vec_stride(s)) return false;
   }
   return true;
 }

@@ -4,18 +4,6 @@
 
 #include <cstdint>
 
-// Keys per softmax step at D = 128: contiguous K/V and paged K/V copied in page groups (ASTRAI_PREFILL_HD128_SUBN),
-// paged K/V copied through per-row offsets, pages of 1..4 keys (..._PAGED); see PrefillTraits::kSubN. H200
-// sweeps (GQA 32/8, B 1/8, L 2048/8192): contiguous 64 beats 32 by 4-13% (330-366 vs 304-346 TFLOP/s,
-// 2026-11-29); per-row offsets at 64 lose 4-8% against 32 (267-302 vs 281-311, 2026-11-29); page groups
-// (page 16) at 64: 283-352 TFLOP/s, 1-5% under contiguous, against 249-324 at 32 (2026-12-01).
-#ifndef ASTRAI_PREFILL_HD128_SUBN
-#define ASTRAI_PREFILL_HD128_SUBN 64
-#endif
-#ifndef ASTRAI_PREFILL_HD128_SUBN_PAGED
-#define ASTRAI_PREFILL_HD128_SUBN_PAGED 32
-#endif
-
 #if defined(__CUDACC__)
 #define ASTRAI_HD __host__ __device__ __forceinline__
 #else

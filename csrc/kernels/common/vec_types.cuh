@@ -6,16 +6,14 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/common/ptx/math.cuh"
+
 namespace astrai {
 
-// bf16 is the upper half of a float32, so widening is a shift and exact.
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) { return __uint_as_float(bits << 16); }
-
-// Two floats rounded to nearest-even into one bf16x2 word, `lo` in the low half (one cvt.rn.bf16x2.f32).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return uint32_t(__bfloat16_as_ushort(v.x)) | (uint32_t(__bfloat16_as_ushort(v.y)) << 16);
-}
+// The low and the high bf16 of a bf16x2 word (or a lone bf16's bits) as float32: bf16 is the upper half of a
+// float32, so widening is a shift or a mask, and exact.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 // N contiguous bf16 held packed in registers between the load and the use, so a thread can keep several
 // runs in flight at half the registers of float32. kVec: 16-byte moves (16-byte aligned, N % 8 == 0);
@@ -39,9 +37,9 @@ struct Bf16Run {
       const uint4& v = w[i / 8];
       const int k = (i % 8) / 2;
       const uint32_t word = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-      return (i % 2 == 0) ? __uint_as_float(word << 16) : __uint_as_float(word & 0xffff0000u);
+      return (i % 2 == 0) ? bf16_lo(word) : bf16_hi(word);
     } else {
-      return bf16_bits_to_float(w[i]);
+      return bf16_lo(w[i]);
     }
   }
 };
@@ -54,8 +52,8 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* dst, const float* src)
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
       const float* s = src + 8 * j;
-      const uint4 v = make_uint4(pack_bf16x2(s[0], s[1]), pack_bf16x2(s[2], s[3]), pack_bf16x2(s[4], s[5]),
-                                 pack_bf16x2(s[6], s[7]));
+      const uint4 v = make_uint4(pack_bf16x2_rn(s[0], s[1]), pack_bf16x2_rn(s[2], s[3]), pack_bf16x2_rn(s[4], s[5]),
+                                 pack_bf16x2_rn(s[6], s[7]));
       reinterpret_cast<uint4*>(dst)[j] = v;
     }
   } else {

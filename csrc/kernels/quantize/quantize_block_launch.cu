@@ -1,7 +1,8 @@
 // Launchers of the 128 x 128 block quantize kernel and the scale-factor layout conversion.
 #include <cstdint>
 
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
 #include "kernels/quantize/quantize.h"
 #include "kernels/quantize/quantize_block.cuh"
 
@@ -23,8 +24,8 @@ cudaError_t launch(const BlockQuantParams& p, cudaStream_t stream) {
 template <QuantIn kIn, QuantOut kOut>
 cudaError_t launch_vec(const BlockQuantParams& p, cudaStream_t stream) {
   const int bytes = p.in_type == QuantIn::kF32 ? 4 : 2;
-  const bool vec = (reinterpret_cast<uintptr_t>(p.x_ptr) & 15u) == 0 && (p.x_row_stride * bytes) % 16 == 0 &&
-                   (reinterpret_cast<uintptr_t>(p.out_ptr) & 15u) == 0;
+  const bool vec = aligned16(p.x_ptr) && (p.x_row_stride * bytes) % 16 == 0 &&
+                   aligned16(p.out_ptr);
   return vec ? launch<kIn, kOut, true>(p, stream) : launch<kIn, kOut, false>(p, stream);
 }
 

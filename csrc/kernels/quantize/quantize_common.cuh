@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/common/vec_types.cuh"
 #include "kernels/quantize/params.h"
 
 namespace astrai {
@@ -22,7 +23,7 @@ struct InTraits;
 template <>
 struct InTraits<QuantIn::kBF16> {
   static constexpr int kBytes = 2;
-  __device__ __forceinline__ static float to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+  __device__ __forceinline__ static float to_float(uint16_t bits) { return bf16_lo(bits); }
 };
 template <>
 struct InTraits<QuantIn::kF16> {
@@ -46,14 +47,7 @@ __device__ __forceinline__ void load_run(const void* src, int count, float (&v)[
   if constexpr (kIn == QuantIn::kF32) {
     const float* s = static_cast<const float*>(src);
     if constexpr (kVec) {
-#pragma unroll
-      for (int j = 0; j < N / 4; ++j) {
-        const float4 w = __ldg(reinterpret_cast<const float4*>(s) + j);
-        v[4 * j] = w.x;
-        v[4 * j + 1] = w.y;
-        v[4 * j + 2] = w.z;
-        v[4 * j + 3] = w.w;
-      }
+      load_f32_readonly<N, true>(s, v);
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) v[i] = i < count ? __ldg(s + i) : 0.0f;

@@ -2,7 +2,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
 #include "kernels/quantize/quantize.h"
 
 namespace astrai {
@@ -13,11 +14,9 @@ namespace quantize_detail {
 constexpr int64_t kMaxWaves = 16;
 
 cudaError_t grid_for(int64_t blocks_needed, int threads, int max_blocks, int64_t* grid) {
-  int device = 0, sm_count = 0, threads_per_sm = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
-  const int64_t per_wave = int64_t(sm_count) * std::max(1, threads_per_sm / threads);
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  const int64_t per_wave = int64_t(facts.sm_count) * std::max(1, facts.max_threads_per_sm / threads);
   int64_t g = std::max<int64_t>(1, std::min(blocks_needed, per_wave * kMaxWaves));
   if (max_blocks > 0) g = std::min<int64_t>(g, max_blocks);
   *grid = g;

@@ -16,9 +16,8 @@ constexpr int kRowsMaxWarps = kRowsBlockThreads / 32;
 // dynamic per-row quantization; later steps of longer rows are read again (from L1/L2: the row was just read).
 // The launcher picks the fewest threads per row that hold the row this way: two warps for N = 4096 (16-bit x,
 // 4 steps = 32 words = 128 bytes per thread, 4 blocks per SM) or one warp for N = 2048 float32 (4 steps = 64
-// words, 2 blocks). H200 sweep (2026-12-01, bf16, dynamic rows, of a same-run copy kernel): 8 steps x one warp
-// x 2 blocks/SM 17.8 µs at 4096 x 4096 and 197.5 at 65536 x 4096; 4 steps x two warps x 4 blocks/SM 16.1 and
-// 192.5 (copy 13.5 and 194.6); 2 steps x four warps 17.0 and 222.5.
+// words, 2 blocks). 4 steps beat 8 (one warp, 2 blocks per SM) and 2 (four warps): docs/benchmarks.md, quantize
+// section.
 constexpr int row_cache_steps(QuantIn /*in*/) { return 4; }
 // Threads that share one 1 x 128 group (8 x 16 elements): consecutive lanes.
 constexpr int kGroupLanes = 8;
@@ -41,8 +40,7 @@ enum class RowsMode : int { kStatic = 0, kDynamicRow = 1, kGroup = 2, kColumn = 
 // 64 registers (bf16, 16-byte moves; static, group and dynamic-row multipliers; sm_80 and sm_120 spill a few
 // bytes there): 1024 threads x 128 bytes of loads in flight per SM; 2 elsewhere.
 // The same on every arch: it is a template argument, and a host pass that names an instantiation some device
-// pass did not build is undefined (a four-arch image with a per-arch choice failed these launches on the H200
-// with cudaErrorInvalidDeviceFunction, 2026-11-29; the rebuild without it passed).
+// pass did not build is undefined (a per-arch choice fails these launches with cudaErrorInvalidDeviceFunction).
 constexpr bool kRowsFourBlocks = true;
 template <QuantIn kIn, bool kVec, RowsMode kMode>
 constexpr int rows_min_blocks() {
@@ -55,8 +53,8 @@ constexpr int rows_min_blocks() {
 // Dynamic rows: while a warp reduces, casts and stores its row, the row of its next grid-stride iteration is
 // prefetched into L2, so DRAM keeps streaming between a warp's load and store phases (with the register cache
 // holding one row per warp, 2 x 8 warps per SM, 4096 x 4096 bf16 is only ~2 rows per warp: without it, the
-// loads of the second row waited for the first row's stores). Off: on the H200 the prefetch with its persistent
-// grid lost (sweep of 2026-11-29, 65536 x 4096: 268 vs 197 µs; 4096 x 4096: 18.9 vs 17.7 µs); kept for the sweep.
+// loads of the second row waited for the first row's stores). Off: the prefetch with its persistent grid was
+// slower at both sizes swept (docs/benchmarks.md, quantize section); kept for the sweep.
 template <RowsMode kMode>
 constexpr bool rows_prefetch_default() {
   return false;

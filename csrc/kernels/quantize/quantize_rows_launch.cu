@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
 #include "kernels/quantize/quantize.h"
 #include "kernels/quantize/quantize_rows.cuh"
 
@@ -13,7 +15,6 @@ namespace {
 using quantize::kRowsBlockThreads;
 using quantize::kStep;
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 int in_bytes(QuantIn t) { return t == QuantIn::kF32 ? 4 : 2; }
 
 // 16-byte moves: x 16-byte aligned, rows start 16-byte aligned, whole 16-element steps (out rows too).
@@ -26,9 +27,8 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
   using quantize::RowsMode;
   const int64_t steps = (p.cols + kStep - 1) / kStep;
   // Threads per row: a power of two in [8, 256], the smallest that covers the row in per_thread steps each.
-  // Static multipliers: two loop iterations of kUnroll steps (H200 sweep, 2026-12-01, bf16 static per tensor:
-  // 32 threads per row for N = 4096 took 15.5 µs at 4096 x 4096 and 188.6 at 65536 x 4096, 64 threads (one
-  // iteration) 16.0 and 190.6, copy 13.5 and 194.6). Groups: one iteration (not re-measured). Dynamic rows: the
+  // Static multipliers: two loop iterations of kUnroll steps (fewer threads per row, each with more bytes in
+  // flight, beat one iteration: docs/benchmarks.md, quantize section). Groups: one iteration. Dynamic rows: the
   // smallest that holds the row in the register cache (two warps for N = 4096 bf16).
   const int per_thread = p.scale_kind == QuantScale::kDynamicRow     ? quantize::row_cache_steps(kIn)
                          : p.scale_kind == QuantScale::kDynamicGroup ? quantize::kUnroll
@@ -43,9 +43,10 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
     const auto kernel = &quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kDynamicRow>;
     if (quantize::rows_prefetch_default<RowsMode::kDynamicRow>() && p.max_blocks == 0) {
       // Persistent grid: the prefetch of each block's next rows needs blocks that loop.
-      int device = 0, sm_count = 0, resident = 0;
-      ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-      ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+      DeviceFacts facts{};
+      ASTRAI_CUDA_TRY(current_device_facts(&facts));
+      const int sm_count = facts.sm_count;
+      int resident = 0;
       ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
                                                                     kRowsBlockThreads, 0));
       if (resident > 0) grid = std::min<int64_t>(grid, int64_t(resident) * sm_count);

@@ -262,10 +262,8 @@ constexpr int kRegTileCols = (kRegThreads / 32) * 8 * kRegLanes;
 // size: kR = 16 when its grid is at least kRegWavesFor16 resident waves, else kR = 8 (twice the tiles: a
 // smaller last wave). Register caps (no spills, sm_90a -Xptxas -v): bf16 kR = 8: 6 blocks/SM (<= 85);
 // otherwise 4 (<= 128). kRegPersistent: grid of resident blocks looping over tiles, else one block per tile.
-// H200 sweeps (bf16 -> e4m3, of a same-run copy kernel): 2026-11-29, 2 lanes per row: 65536 x 4096 transposed
-// 53% (shared-memory tile) vs 84% (kR = 8) and 88% (kR = 16); resident grids 71%; 4096 x 4096 52% vs 76% for
-// both kR. 2026-12-01, lanes per row 2 / 4 / 8: 65536 x 4096 kR = 16: 214 / 208 / 208 µs (copy 195);
-// 4096 x 4096 kR = 16: 17.9 / 17.2 / 17.3 µs, kR = 8: 17.8 / 17.0 / 16.6 µs (copy 13.6).
+// The register kernel beats the shared-memory tile at both sizes swept, kR = 16 wins on large grids only, and
+// resident grids lose (csrc/tools/quantize_launch_sweep.cu; docs/benchmarks.md, quantize section).
 constexpr int kTransposeVariant = -1;
 constexpr bool kRegPersistent = false;
 constexpr int kRegWavesFor16 = 4;

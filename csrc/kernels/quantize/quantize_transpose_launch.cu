@@ -1,7 +1,9 @@
 // Launcher of the transposed fp8 quantize kernels (layouts 1 and 2): shared-memory tile or register transpose.
 #include <cstdint>
 
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
 #include "kernels/quantize/quantize.h"
 #include "kernels/quantize/quantize_transpose.cuh"
 
@@ -19,10 +21,11 @@ cudaError_t launch_smem(const QuantizeParams& p, cudaStream_t stream) {
   ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, kTransposeThreads, p.max_blocks, &grid));
   // Persistent grid: at most the blocks that are resident at once (each prefetches its next tile while it
   // transposes and stores this one, which pays only when a block has several tiles). Not balanced with
-  // quantize::transpose_grid: on the H200 that cost 10% at 4096 x 4096 (sweep of 2026-11-29: 28.7 vs 25.8 µs).
-  int device = 0, sm_count = 0, resident = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  // quantize::transpose_grid, which was slower (docs/benchmarks.md, quantize section).
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  const int sm_count = facts.sm_count;
+  int resident = 0;
   ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &resident, reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<kIn, kOut, kVec>), kTransposeThreads, 0));
   if (resident > 0 && grid > int64_t(resident) * sm_count) grid = int64_t(resident) * sm_count;
@@ -46,9 +49,10 @@ cudaError_t launch_regs(const QuantizeParams& p, bool persistent, cudaStream_t s
   int64_t grid = 0;
   ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, quantize::kRegThreads, p.max_blocks, &grid));
   if (persistent) {
-    int device = 0, sm_count = 0, resident = 0;
-    ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-    ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    DeviceFacts facts{};
+    ASTRAI_CUDA_TRY(current_device_facts(&facts));
+    const int sm_count = facts.sm_count;
+    int resident = 0;
     ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
                                                                   quantize::kRegThreads, 0));
     if (resident > 0 && grid > int64_t(resident) * sm_count) grid = int64_t(resident) * sm_count;
@@ -71,9 +75,9 @@ cudaError_t launch(const QuantizeParams& p, cudaStream_t stream, int variant, bo
   if constexpr (kIn == QuantIn::kBF16) {
     if (variant < 0) {
       // By size: kR = 16 once its grid fills kRegWavesFor16 waves of resident blocks.
-      int device = 0, sm_count = 0;
-      ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-      ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+      DeviceFacts facts{};
+      ASTRAI_CUDA_TRY(current_device_facts(&facts));
+      const int sm_count = facts.sm_count;
       const int64_t tile_rows16 = quantize::reg_tile_rows<16>();
       const int64_t tiles16 = ((p.rows + tile_rows16 - 1) / tile_rows16) * tiles_n;
       const int64_t wave16 = int64_t(sm_count) * quantize::reg_min_blocks<kIn, 16>();
@@ -87,7 +91,7 @@ cudaError_t launch(const QuantizeParams& p, cudaStream_t stream, int variant, bo
 template <QuantIn kIn, QuantOut kOut>
 cudaError_t launch_vec(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
   // 16-byte loads of 8-element runs: x 16-byte aligned, row stride and cols multiples of 8 elements.
-  const bool vec = (reinterpret_cast<uintptr_t>(p.x_ptr) & 15u) == 0 && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
+  const bool vec = aligned16(p.x_ptr) && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
   return vec ? launch<kIn, kOut, true>(p, stream, variant, persistent)
              : launch<kIn, kOut, false>(p, stream, variant, persistent);
 }

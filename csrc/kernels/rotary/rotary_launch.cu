@@ -3,7 +3,9 @@
 #include <climits>
 #include <cstdint>
 
-#include "kernels/common/cuda_check.h"
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
 #include "kernels/rotary/rotary.h"
 #include "kernels/rotary/rotary_bf16.cuh"
 
@@ -23,19 +25,11 @@ constexpr int kTargetBlockThreads = 256;
 // partial wave small even when registers allow fewer resident blocks than threads do.
 constexpr int64_t kMaxWaves = 16;
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
-template <typename T>
-T ceil_div(T a, T b) {
-  return (a + b - 1) / b;
-}
-
 template <bool kInterleaved, int kPairs, bool kVecCs>
 cudaError_t launch(const RotaryParams& p, cudaStream_t stream) {
-  int device = 0, sm_count = 0, threads_per_sm = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  ASTRAI_CUDA_TRY(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  const int sm_count = facts.sm_count, threads_per_sm = facts.max_threads_per_sm;
 
   const int chunks = p.head_dim / 2 / kPairs;
   const int heads = p.num_q_heads + p.num_k_heads;

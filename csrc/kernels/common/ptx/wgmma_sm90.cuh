@@ -1,21 +1,12 @@
-// Warpgroup tensor-core primitives for sm_90a: shared-memory matrix descriptors (128-byte swizzle), wgmma
-// m64n128k16 bf16 -> fp32 with A from shared memory or from registers, and the fences that order them. Only the
-// sm_90a device pass emits the instructions; every other pass compiles empty bodies, which the launcher never
-// runs (prefill_sm90_usable).
+// wgmma (sm_90a): warpgroup m64n128k16 bf16 -> fp32 with A from shared memory or registers, the shared-memory
+// matrix descriptors (128-byte swizzle) and the fences that order them.
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/attention/mma_bf16_sm80.cuh"
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define ASTRAI_WGMMA 1
-#else
-#define ASTRAI_WGMMA 0
-#endif
+#include "kernels/common/ptx/arch.cuh"
 
 namespace astrai {
-namespace attention {
 
 // Descriptor of a 128-byte-swizzled shared-memory operand (PTX ISA, "matrix descriptor"): start address,
 // leading and stride byte offsets (all >> 4), swizzle mode 1 (128 B) in bits 62-63. The tile's 1024-byte
@@ -52,13 +43,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
 #if ASTRAI_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-// Shared memory written by ordinary stores or cp.async and read next by wgmma (the async proxy): each writing
-// thread fences after its writes land, before the barrier that publishes them.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-#if ASTRAI_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 // Keeps the compiler from moving accesses of an accumulator across wgmma issue and wait: the instructions write
@@ -115,86 +99,4 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const 
 #endif
 }
 
-// ---- warp specialization: mbarriers, named barriers, register reallocation, cp.async and TMA into an mbarrier
-
-// Initializes an mbarrier (8 bytes of shared memory, 8-byte aligned) expecting `count` arrivals per phase.
-// Publish with a block barrier before any other thread uses it.
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
-#if ASTRAI_WGMMA
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-// One arrival (release: this thread's earlier shared-memory writes are visible to a thread that waits the phase).
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-#if ASTRAI_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
-// One arrival once every cp.async this thread issued before it has landed (noinc: counted in the init count).
-__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
-#if ASTRAI_WGMMA
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
-// One arrival that also expects `bytes` more of asynchronous (TMA) transfer in the current phase.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if ASTRAI_WGMMA
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-#endif
-}
-// TMA: the box of a 4-D tensor map (a __grid_constant__ kernel parameter) at coordinates c0..c3 (innermost
-// first) into shared memory at dst, laid out as the map says (swizzle included); completes its bytes on bar.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint64_t* bar, int c0, int c1, int c2,
-                                            int c3) {
-#if ASTRAI_WGMMA
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
-      "%5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
-      : "memory");
-#endif
-}
-// Waits (acquire) until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-#if ASTRAI_WGMMA
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-// Named barriers (ids 1..15; 0 is __syncthreads): sync waits for `count` arrivals including this warp's, arrive
-// counts this warp without waiting.
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// Register reallocation between warpgroups (the kernel needs a register cap at entry: __launch_bounds__(n, 1)).
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if ASTRAI_WGMMA
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if ASTRAI_WGMMA
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
-}
-// 16-byte cp.async that writes zeros without reading src when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
-#if ASTRAI_WGMMA
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-#endif
-}
-
-}  // namespace attention
 }  // namespace astrai
