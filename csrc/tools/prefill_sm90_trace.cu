@@ -1,15 +1,13 @@
 // Developer timeline of the sm_90a prefill kernel (bf16_prefill_sm90.cuh, head_dim 128): where a work item's cycles
-// go. Built with ASTRAI_PREFILL_SM90_TRACE, the kernel stamps clock64 at fixed points of its first 64 work items per
-// block (PrefillSm90Trace); this driver launches dense contiguous GQA 32/8 calls, times them untraced (CUDA events,
-// median of 20) and once traced, and prints per-item phase means for each consumer warpgroup, the first tiles' cycles
-// by whether they took the masked path, and the spread of the blocks' busy spans (the schedule's tail).
-// The H200 trace of 2026-12-01 (docs/benchmarks.md, prefill) found the 4-byte output stores and the branchy masked
-// tiles with it. Clocks are SM cycles (about 1.7 GHz under this load on the H200); the stamps cost a few percent.
+// go. The tool's own kernel runs the production body (prefill_bf16_sm90) with TraceHooks, which stamp clock64 at its
+// timeline points (PrefillSm90Point) for the first 64 work items per block; this driver launches dense contiguous
+// GQA 32/8 calls, times the production kernel (CUDA events, median of 20) and the traced one once, and prints
+// per-item phase means for each consumer warpgroup, the first tiles' cycles by whether they took the masked path,
+// and the spread of the blocks' busy spans (the schedule's tail). Clocks are SM cycles; the stamps cost a little.
 // Not built by CMake; on an sm_90a GPU:
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Icsrc \
 //        -o /tmp/prefill_trace csrc/tools/prefill_sm90_trace.cu
 //   /tmp/prefill_trace [BxLc ...]     (e.g. 8x2048c 1x8192: B x L, a trailing c for causal)
-#define ASTRAI_PREFILL_SM90_TRACE 1
 #include "kernels/attention/prefill_bf16_hd128_sm90.cu"
 
 #include <algorithm>
@@ -21,7 +19,88 @@
 
 using namespace astrai;
 using namespace astrai::attention;
-using Tr = PrefillSm90Trace;
+
+namespace prefill_trace {
+
+// The trace buffer: stamps [block][item n < kItems][role][slot]. Roles: 0 the producer's thread 0, 1 + c consumer
+// c's first thread, 3 consumer 0's per-tile stamps (slot j: tile j < 8 done).
+struct Trace {
+  static constexpr int kItems = 64, kRoles = 4, kSlots = 8;
+  // role 0
+  static constexpr int kProdItem = 0, kProdQ = 1, kProdIssued = 2, kMaskBits = 6, kTiles = 7;
+  // roles 1, 2
+  static constexpr int kItem = 0, kQReady = 1, kFirstS = 2, kLoopEnd = 3, kLastPV = 4, kStored = 5, kK0Ready = 6,
+                       kTurn0 = 7;
+};
+using Tr = Trace;
+
+__device__ unsigned long long* g_trace;  // null: no stamps
+
+__device__ __forceinline__ void record(int role, int item, int slot, unsigned long long value) {
+  if (g_trace != nullptr && item < Tr::kItems) {
+    g_trace[((int64_t(blockIdx.x) * Tr::kItems + item) * Tr::kRoles + role) * Tr::kSlots + slot] = value;
+  }
+}
+
+// The kernel's hooks policy (PrefillSm90NoHooks's members): the first thread of each warpgroup stamps its points.
+struct TraceHooks {
+  unsigned long long masked_tiles = 0;  // consumer: bit j, tile j of the current item took the mask
+
+  __device__ __forceinline__ void at(PrefillSm90Point point, int item) {
+    const int tid = threadIdx.x;
+    if ((tid & 127) != 0) return;
+    const int role = tid >> 7;
+    int slot = 0;
+    switch (point) {
+      case PrefillSm90Point::kProducerItem: slot = Tr::kProdItem; break;
+      case PrefillSm90Point::kProducerQ: slot = Tr::kProdQ; break;
+      case PrefillSm90Point::kProducerIssued: slot = Tr::kProdIssued; break;
+      case PrefillSm90Point::kItem: slot = Tr::kItem; masked_tiles = 0; break;
+      case PrefillSm90Point::kQReady: slot = Tr::kQReady; break;
+      case PrefillSm90Point::kK0Ready: slot = Tr::kK0Ready; break;
+      case PrefillSm90Point::kTurn0: slot = Tr::kTurn0; break;
+      case PrefillSm90Point::kFirstS: slot = Tr::kFirstS; break;
+      case PrefillSm90Point::kLoopEnd: slot = Tr::kLoopEnd; break;
+      case PrefillSm90Point::kLastPV: slot = Tr::kLastPV; break;
+      case PrefillSm90Point::kStored: slot = Tr::kStored; break;
+    }
+    record(role, item, slot, clock64());
+    if (point == PrefillSm90Point::kLoopEnd && tid == 128) record(0, item, Tr::kMaskBits, masked_tiles);
+  }
+  __device__ __forceinline__ void tiles(int item, int n_tiles) {
+    if (threadIdx.x == 0) record(0, item, Tr::kTiles, (unsigned long long)n_tiles);
+  }
+  __device__ __forceinline__ void tile_done(int item, int j, bool masked) {
+    if (threadIdx.x != 128) return;
+    if (masked && j < 64) masked_tiles |= 1ull << j;
+    if (j < Tr::kSlots) record(3, item, j, clock64());
+  }
+};
+
+// The production kernel's body with TraceHooks (same launch bounds and shared memory).
+template <bool kRaggedQ, bool kPaged>
+__global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
+    traced_kernel(const __grid_constant__ PrefillParams p, const __grid_constant__ PrefillSm90KvMaps maps) {
+#if ASTRAI_WGMMA
+  TraceHooks hooks;
+  prefill_bf16_sm90<kRaggedQ, kPaged>(p, maps, hooks);
+#else
+  (void)p;
+#endif
+}
+
+// One traced call of the dense contiguous variant: a block per SM (blocks past the items exit at their first).
+cudaError_t launch_traced(const PrefillParams& p, int sms) {
+  using K = PrefillSm90Traits;
+  const cudaError_t e = cudaFuncSetAttribute(traced_kernel<false, false>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  if (p.sched_counter_ptr != nullptr) cudaMemset(p.sched_counter_ptr, 0, sizeof(int32_t));
+  traced_kernel<false, false><<<unsigned(sms), K::kThreads, K::kSmemBytes>>>(p, kv_maps(p));
+  return cudaGetLastError();
+}
+
+}  // namespace prefill_trace
 
 #define CK(x)                                                                         \
   do {                                                                                \
@@ -84,8 +163,6 @@ int trace_shape(int batch, int len, bool causal, int sms) {
   p.num_q_tiles = batch * ((len + 31) / 32);  // GQA 4: 32 sequence rows per 128-row Q tile
   p.sched_counter_ptr = counter;
 
-  unsigned long long* none = nullptr;
-  CK(cudaMemcpyToSymbol(g_prefill_sm90_trace, &none, sizeof(none)));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -106,10 +183,9 @@ int trace_shape(int batch, int len, bool causal, int sms) {
               4.0 * batch * kHq * kD * pairs / sec * 1e-12);
 
   CK(cudaMemset(trace, 0, trace_words * 8));
-  CK(cudaMemcpyToSymbol(g_prefill_sm90_trace, &trace, sizeof(trace)));
-  CK(launch_prefill_sm90(p, nullptr));
+  CK(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
+  CK(launch_traced(p, sms));
   CK(cudaDeviceSynchronize());
-  CK(cudaMemcpyToSymbol(g_prefill_sm90_trace, &none, sizeof(none)));
   std::vector<unsigned long long> h(trace_words);
   CK(cudaMemcpy(h.data(), trace, trace_words * 8, cudaMemcpyDeviceToHost));
   auto at = [&](int block, int n, int role, int slot) -> long long {

@@ -121,11 +121,11 @@ int main(int argc, char** argv) {
     run("cudaMemcpyAsync", [&](const Set& s, cudaStream_t st) { CK(cudaMemcpyAsync(s.cdst, s.csrc, cb, cudaMemcpyDeviceToDevice, st)); }, 2.0 * cb);
     for (int tpr : {32, 64, 128, 256})
       run((std::string("static tpr ") + std::to_string(tpr)).c_str(), [&](const Set& s, cudaStream_t st) { static_rows(s, m, n, tpr, st); }, kb);
-    run("dyn tpr32 c8 b2 (until 2026-11-29)", [&](const Set& s, cudaStream_t st) { dyn_rows<2, 8>(s, m, n, 32, st); }, kb);
+    run("dyn tpr32 c8 b2 (former default)", [&](const Set& s, cudaStream_t st) { dyn_rows<2, 8>(s, m, n, 32, st); }, kb);
     run("dyn tpr64 c4 b4 (production)", [&](const Set& s, cudaStream_t st) { dyn_rows<4, 4>(s, m, n, 64, st); }, kb);
     run("dyn tpr128 c2 b4", [&](const Set& s, cudaStream_t st) { dyn_rows<4, 2>(s, m, n, 128, st); }, kb);
     const double tb = double(xb + ob);
-    run("T r16 L2 (until 2026-11-29)", [&](const Set& s, cudaStream_t st) { regs_t<16, false>(s, m, n, 0, st); }, tb);
+    run("T r16 L2 (former default)", [&](const Set& s, cudaStream_t st) { regs_t<16, false>(s, m, n, 0, st); }, tb);
     run("T r8 L2", [&](const Set& s, cudaStream_t st) { regs_t<8, false>(s, m, n, 0, st); }, tb);
     run("T r16 L4", [&](const Set& s, cudaStream_t st) { regs_t<16, false, 4, 4, 4>(s, m, n, 0, st); }, tb);
     run("T r16 L8 (production, large grids)", [&](const Set& s, cudaStream_t st) { regs_t<16, false, 4, 4, 8>(s, m, n, 0, st); }, tb);
