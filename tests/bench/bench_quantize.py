@@ -109,16 +109,16 @@ def _check(case: str, s: dict) -> None:
     x = s["x"][:512]
     if case in ("per_tensor", "transposed", "dual"):
         got = ops.quantize(x, s["scale"], E4M3, check_scale=False)[0]
-        want = backend.quantize_fp8(x, s["scale"], E4M3, path="torch", check_scale=False)[0]
+        want = backend.quantize_fp8(x, s["scale"], out_dtype=E4M3, path="torch", check_scale=False)[0]
     elif case in ("dynamic_tensor", "dynamic_row", "int8_row"):
         dtype = torch.int8 if case == "int8_row" else E4M3
         g = "tensor" if case == "dynamic_tensor" else "row"
         got = ops.quantize_dynamic(x, dtype, granularity=g)[0]
-        want = backend.quantize_fp8_dynamic(x, dtype, granularity=g, path="torch")[0]
+        want = backend.quantize_fp8_dynamic(x, out_dtype=dtype, granularity=g, path="torch")[0]
     else:
         rows = 1 if case == "block_1x128" else 128
         got = ops.quantize_block(x, E4M3, block_rows=rows)[0]
-        want = backend.quantize_fp8_block(x, E4M3, block_rows=rows, path="torch")[0]
+        want = backend.quantize_fp8_block(x, out_dtype=E4M3, block_rows=rows, path="torch")[0]
     if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
         raise RuntimeError(f"bench_quantize: kernel disagrees with the torch path ({case})")
 

@@ -275,13 +275,14 @@ def test_history_quantize_torch_path_is_quantize_then_fold():
         want_q, want_q_t, amax = aq.quantize_fp8(x, scale, layout="dual", amax="tensor", check_scale=False)
         want_inv = scale_inv.clone()
         aq.fold_amax_history_torch(ring, pos, scale, amax, qmax=448.0, margin=1, scale_inv=scale_inv)
-        q, q_t, inv = hist.quantize(x, torch.float8_e4m3fn, layout="dual")
+        q, q_t, inv = hist.quantize(x, out_dtype=torch.float8_e4m3fn, layout="dual")
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), f"q at step {step}"
         assert torch.equal(q_t.view(torch.uint8), want_q_t.view(torch.uint8)), f"q_t at step {step}"
         assert f32_bits(inv) == f32_bits(want_inv) and f32_bits(hist.scale) == f32_bits(scale)
         assert f32_bits(hist.ring) == f32_bits(ring) and int(hist.pos) == int(pos)
     assert hist.steps == 6
-    q, q_t, _ = hist.quantize(x, torch.float8_e4m3fn, layout="rowwise")
+    q, q_t, _ = hist.quantize(x, out_dtype=torch.float8_e4m3fn, layout="rowwise")
     assert q_t is None and q.shape == x.shape
-    with pytest.raises(ValueError, match=r"AmaxHistory.quantize: dtype must be torch.float8_e4m3fn or torch.float8_e5m2"):
-        hist.quantize(x, torch.int8)
+    with pytest.raises(ValueError,
+                       match=r"AmaxHistory.quantize: out_dtype must be torch.float8_e4m3fn or torch.float8_e5m2"):
+        hist.quantize(x, out_dtype=torch.int8)

@@ -123,7 +123,7 @@ def make_scale(kind: str, rows: int, cols: int) -> torch.Tensor:
 def test_torch_path_static_matches_reference(rows, in_dtype, dtype, kind, layout):
     x = ref.random_input(rows, 136, in_dtype)
     scale = make_scale(kind, rows, 136)
-    out, out_t, amax = backend.quantize_fp8(x, scale, dtype, layout=layout, amax="row")
+    out, out_t, amax = backend.quantize_fp8(x, scale, out_dtype=dtype, layout=layout, amax="row")
     want = ref.quantize(x, scale, dtype)
     if layout != "transposed":
         assert_same_bits(out, want, "out")
@@ -138,7 +138,7 @@ def test_torch_path_static_matches_reference(rows, in_dtype, dtype, kind, layout
 def test_special_values_every_one(dtype):
     vals = torch.tensor(ref.special_values(dtype) + [-v for v in ref.special_values(dtype)], dtype=torch.float32)
     x = vals.reshape(1, -1)
-    out, _, _ = backend.quantize_fp8(x, torch.tensor([1.0]), dtype, check_scale=False)
+    out, _, _ = backend.quantize_fp8(x, torch.tensor([1.0]), out_dtype=dtype, check_scale=False)
     assert_same_bits(out, ref.quantize(x, torch.tensor([1.0]), dtype))
     nan = torch.isnan(vals)
     assert bool((out.view(torch.uint8)[0][nan] == 0x7F).all())
@@ -151,7 +151,7 @@ def test_special_values_every_one(dtype):
 @pytest.mark.parametrize("rows", ROWS)
 def test_torch_path_dynamic_matches_reference(rows, dtype, granularity, pow2):
     x = ref.random_input(rows, 200, torch.bfloat16)
-    out, out_t, inv = backend.quantize_fp8_dynamic(x, dtype, granularity=granularity, pow2_scale=pow2)
+    out, out_t, inv = backend.quantize_fp8_dynamic(x, out_dtype=dtype, granularity=granularity, pow2_scale=pow2)
     want, want_inv = ref.quantize_dynamic(x, dtype, granularity, pow2)
     assert out_t is None
     assert_same_bits(out, want)
@@ -175,14 +175,15 @@ def test_dynamic_zero_and_nan_rows_get_unit_scale():
 @pytest.mark.parametrize("rows", ROWS)
 def test_torch_path_block_matches_reference(rows, dtype, block_rows, pow2):
     x = ref.random_input(rows, 384, torch.bfloat16)
-    out, sf = backend.quantize_fp8_block(x, dtype, block_rows=block_rows, pow2_scale=pow2)
+    out, sf = backend.quantize_fp8_block(x, out_dtype=dtype, block_rows=block_rows, pow2_scale=pow2)
     want, want_sf = ref.quantize_block(x, dtype, block_rows, pow2)
     assert_same_bits(out, want)
     assert_same_floats(sf, want_sf, "scale_inv")
     if pow2:
         finite = torch.isfinite(sf)
         assert bool((sf[finite].view(torch.int32) & 0x7FFFFF == 0).all()), "pow2 scales have a mantissa"
-    _, sf_mn = backend.quantize_fp8_block(x, dtype, block_rows=block_rows, pow2_scale=pow2, scale_mn_major=True)
+    _, sf_mn = backend.quantize_fp8_block(x, out_dtype=dtype, block_rows=block_rows, pow2_scale=pow2,
+                                        scale_mn_major=True)
     aligned = (sf.shape[0] + 3) // 4 * 4
     assert sf_mn.stride() == (1, aligned) and torch.equal(sf_mn, sf)
 
@@ -249,14 +250,14 @@ BAD_PUBLIC = [
     (lambda x: ae.quantize_fp8(x, torch.tensor([float("inf")])), "quantize_fp8: scale holds inf"),
     (lambda x: ae.quantize_fp8(x, torch.tensor([float("nan")])), "quantize_fp8: scale holds nan"),
     (lambda x: ae.quantize_fp8(x, torch.ones(3, 1)), r"quantize_fp8: scale must be"),
-    (lambda x: ae.quantize_fp8(x, torch.ones(1), torch.float16), "quantize_fp8: out_dtype must be"),
-    (lambda x: ae.quantize_fp8(x, torch.ones(1), torch.int8, layout="dual"), "int8 output is row-major only"),
+    (lambda x: ae.quantize_fp8(x, torch.ones(1), out_dtype=torch.float16), "quantize_fp8: out_dtype must be"),
+    (lambda x: ae.quantize_fp8(x, torch.ones(1), out_dtype=torch.int8, layout="dual"), "int8 output is row-major only"),
     (lambda x: ae.quantize_fp8(x, torch.ones(1), layout="sideways"), "layout must be one of"),
     (lambda x: ae.quantize_fp8_dynamic(x, granularity="row", layout="transposed"), "row-major only"),
     (lambda x: ae.quantize_fp8_dynamic(x, granularity="block"), "granularity must be one of"),
     (lambda x: ae.quantize_fp8_block(x[:, :100]), "block size 128 does not divide N = 100"),
     (lambda x: ae.quantize_fp8_block(x, block_rows=64), "block_rows must be 1 or 128"),
-    (lambda x: ae.quantize_fp8_block(x, torch.int8), "dtype must be torch.float8"),
+    (lambda x: ae.quantize_fp8_block(x, out_dtype=torch.int8), "quantize_fp8_block: out_dtype must be torch.float8"),
 ]
 
 

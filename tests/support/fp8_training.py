@@ -45,11 +45,11 @@ def python_quantize_both(t, dtype, recipe, history):
     """The model of `_quantize_both` before the fold op, verbatim: `1.0 / mul` in Python for scale_inv."""
     mul = history.scale(backend.FP8_MAX[dtype], recipe.margin) if history is not None else None
     if mul is None:
-        q, q_t, inv = backend.quantize_fp8_dynamic(t, dtype, granularity="tensor", layout="dual")
+        q, q_t, inv = backend.quantize_fp8_dynamic(t, out_dtype=dtype, granularity="tensor", layout="dual")
         if history is not None:
             history.fold(t.detach().abs().amax().float())
         return q, q_t, inv.reshape(())
-    q, q_t, amax = backend.quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
+    q, q_t, amax = backend.quantize_fp8(t, mul, out_dtype=dtype, layout="dual", amax="tensor", check_scale=False)
     history.fold(amax)
     return q, q_t, (1.0 / mul).reshape(())
 
@@ -62,7 +62,7 @@ def stale_inverse_quantize_both(t, dtype, recipe, history):
     mul = history.scale() if history is not None else None
     if mul is None:
         return _device_quantize_both(t, dtype, recipe, history)
-    q, q_t, amax = backend.quantize_fp8(t, mul, dtype, layout="dual", amax="tensor", check_scale=False)
+    q, q_t, amax = backend.quantize_fp8(t, mul, out_dtype=dtype, layout="dual", amax="tensor", check_scale=False)
     history.fold(amax)
     return q, q_t, history.scale_inv().reshape(())
 

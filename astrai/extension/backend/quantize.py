@@ -26,6 +26,7 @@ import weakref
 import torch
 
 from astrai.extension import _fallbacks, loader
+from astrai.extension._deprecation import renamed_kwarg
 from astrai.extension.ops import quantize as ops
 
 PATHS = ("auto", "cuda", "torch")
@@ -133,26 +134,27 @@ def _layout(fn: str, layout) -> int:
 
 # ---- public functions ----------------------------------------------------------------------------------------
 
-def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *,
+@renamed_kwarg("dtype", "out_dtype")
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = torch.float8_e4m3fn, *,
                  layout: str | int = "rowwise", amax: str | None = None, check_scale: bool = True,
                  path: str = "auto"):
     """Quantize x with a given float32 multiplier (per tensor `[]`/`[1]`, per row `[M, 1]`, per column `[1, N]`).
 
     Returns `(out, out_t, amax)` as `ops.quantize.quantize` does (None for what was not asked for); the torch
-    path computes the same bits. dtype may be torch.int8 for the row-major layout.
+    path computes the same bits. out_dtype may be torch.int8 for the row-major layout.
 
     Example
     -------
     >>> out, out_t, amax = quantize_fp8(x, torch.tensor([2.0], device="cuda"), layout="dual", amax="tensor")
     """
     fn = "quantize_fp8"
-    qmax = _qmax(dtype, fn)
+    qmax = _qmax(out_dtype, fn)
     layout_i = _layout(fn, layout)
     amax_i = ops._lookup(ops.AMAX, amax, fn, "amax")
-    if dtype == torch.int8 and layout_i != 0:
+    if out_dtype == torch.int8 and layout_i != 0:
         raise ValueError(f"{fn}: int8 output is row-major only (layout='rowwise'), got layout={layout!r}")
     if _choose(fn, path, x) == "cuda":
-        return ops.quantize(x.detach(), scale, dtype, layout=layout_i, amax=amax, check_scale=check_scale)
+        return ops.quantize(x.detach(), scale, out_dtype, layout=layout_i, amax=amax, check_scale=check_scale)
     if check_scale:
         ops.check_scale_values(fn, scale)
     x2 = _as_2d(fn, x)
@@ -163,14 +165,15 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torc
     elif tuple(s.shape) not in ((M, 1), (1, N)):
         raise ValueError(f"{fn}: scale must be [] or [1], [M, 1] = [{M}, 1] or [1, N] = [1, {N}], got {list(s.shape)}")
     del qmax
-    q = cast_torch(x2.float() * s.to(x2.device), dtype)
+    q = cast_torch(x2.float() * s.to(x2.device), out_dtype)
     out = q.view(x.shape) if layout_i != 1 else None
     out_t = q.t().contiguous() if layout_i != 0 else None
     a = None if amax_i == 0 else _amax_torch(x2, None if amax_i == 1 else 1)
     return out, out_t, a
 
 
-def quantize_fp8_dynamic(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *,
+@renamed_kwarg("dtype", "out_dtype")
+def quantize_fp8_dynamic(x: torch.Tensor, out_dtype: torch.dtype = torch.float8_e4m3fn, *,
                          granularity: str = "tensor", pow2_scale: bool = False, layout: str | int = "rowwise",
                          path: str = "auto"):
     """Dynamic quantization (amax -> multiplier -> cast) per tensor or per row (one pass on CUDA).
@@ -182,27 +185,28 @@ def quantize_fp8_dynamic(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3
     >>> q, _, scale_inv = quantize_fp8_dynamic(x, granularity="row")   # q * scale_inv ~ x
     """
     fn = "quantize_fp8_dynamic"
-    qmax = _qmax(dtype, fn)
+    qmax = _qmax(out_dtype, fn)
     g = ops._lookup(ops.GRANULARITY, granularity, fn, "granularity")
     layout_i = _layout(fn, layout)
     if g == 1 and layout_i != 0:
         raise ValueError(f"{fn}: per-row scales are row-major only (layout='rowwise'), got layout={layout!r}")
-    if dtype == torch.int8 and layout_i != 0:
+    if out_dtype == torch.int8 and layout_i != 0:
         raise ValueError(f"{fn}: int8 output is row-major only (layout='rowwise'), got layout={layout!r}")
     if _choose(fn, path, x) == "cuda":
-        return ops.quantize_dynamic(x.detach(), dtype, granularity=g, pow2_scale=pow2_scale, layout=layout_i)
+        return ops.quantize_dynamic(x.detach(), out_dtype, granularity=g, pow2_scale=pow2_scale, layout=layout_i)
     x2 = _as_2d(fn, x)
     a = _amax_torch(x2, None if g == 0 else 1)
     mul, inv = scale_from_amax_torch(a, qmax, pow2_scale)
     if g == 1:
         mul, inv = mul.reshape(-1, 1), inv.reshape(-1, 1)
-    q = cast_torch(x2.float() * (mul if g == 1 else mul.reshape(())), dtype)
+    q = cast_torch(x2.float() * (mul if g == 1 else mul.reshape(())), out_dtype)
     out = q.view(x.shape) if layout_i != 1 else None
     out_t = q.t().contiguous() if layout_i != 0 else None
     return out, out_t, inv
 
 
-def quantize_fp8_block(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, block_rows: int = 1,
+@renamed_kwarg("dtype", "out_dtype")
+def quantize_fp8_block(x: torch.Tensor, out_dtype: torch.dtype = torch.float8_e4m3fn, *, block_rows: int = 1,
                        pow2_scale: bool = False, scale_mn_major: bool = False, path: str = "auto"):
     """Block-scaled fp8: 1 x 128 groups (block_rows=1) or 128 x 128 blocks (block_rows=128); N % 128 == 0.
 
@@ -214,14 +218,14 @@ def quantize_fp8_block(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
     >>> q, sf = quantize_fp8_block(w, block_rows=128, pow2_scale=True)
     """
     fn = "quantize_fp8_block"
-    if dtype not in FP8_MAX:
-        raise ValueError(f"{fn}: dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    if out_dtype not in FP8_MAX:
+        raise ValueError(f"{fn}: out_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {out_dtype}")
     if block_rows not in (1, 128):
         raise ValueError(f"{fn}: block_rows must be 1 or 128, got {block_rows}")
     if x.dim() >= 1 and x.shape[-1] % 128:
         raise ValueError(f"{fn}: the block size 128 does not divide N = {x.shape[-1]}; pad the columns")
     if _choose(fn, path, x) == "cuda":
-        return ops.quantize_block(x.detach(), dtype, block_rows=block_rows, pow2_scale=pow2_scale,
+        return ops.quantize_block(x.detach(), out_dtype, block_rows=block_rows, pow2_scale=pow2_scale,
                                   scale_mn_major=scale_mn_major)
     x2 = _as_2d(fn, x)
     M, N = x2.shape
@@ -231,8 +235,8 @@ def quantize_fp8_block(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
     blocks = xf.view(rows_p // block_rows, block_rows, N // 128, 128)
     a = blocks.abs().amax(dim=(1, 3)) if blocks.numel() else torch.zeros(rows_p // block_rows, N // 128,
                                                                          device=x2.device)
-    mul, inv = scale_from_amax_torch(a, FP8_MAX[dtype], pow2_scale)
-    q = cast_torch((blocks * mul[:, None, :, None]).view(rows_p, N)[:M], dtype)
+    mul, inv = scale_from_amax_torch(a, FP8_MAX[out_dtype], pow2_scale)
+    q = cast_torch((blocks * mul[:, None, :, None]).view(rows_p, N)[:M], out_dtype)
     if scale_mn_major:
         inv = _mn_major_zeros(inv, inv.shape[0], inv.shape[1], torch.float32).copy_(inv)
     return q.view(x.shape), inv
@@ -274,7 +278,7 @@ def quantize_int8_per_row(x: torch.Tensor, *, path: str = "auto") -> tuple[torch
     -------
     >>> q, scale_inv = quantize_int8_per_row(x)       # x ~ q.float() * scale_inv
     """
-    out, _, inv = quantize_fp8_dynamic(x, torch.int8, granularity="row", path=path)
+    out, _, inv = quantize_fp8_dynamic(x, out_dtype=torch.int8, granularity="row", path=path)
     return out, inv
 
 
@@ -339,7 +343,7 @@ class AmaxHistory:
     `fold(amax)` updates them on the device (no host sync; CUDA-graph capturable); `steps` counts folds on the
     host (0: no history yet, quantize dynamically). `DelayedScaling` keeps one per tensor role and weight.
 
-    `quantize(x, dtype)` quantizes with the current multiplier and folds this step's amax in the same launch
+    `quantize(x, out_dtype)` quantizes with the current multiplier and folds this step's amax in the same launch
     (`ops.quantize.quantize_delayed`; torch path: quantize, then fold). One history serves one stream at a time:
     its `workspace` (the fused kernel's block counter) must not be shared by two launches in flight.
 
@@ -348,7 +352,7 @@ class AmaxHistory:
     >>> hist = AmaxHistory(16, qmax=448.0, device="cuda")
     >>> q, q_t, amax = quantize_fp8(x, hist.scale, layout="dual", amax="tensor", check_scale=False)
     >>> hist.fold(amax)
-    >>> q, q_t, inv = hist.quantize(x, torch.float8_e4m3fn, layout="dual")   # the same, one launch
+    >>> q, q_t, inv = hist.quantize(x, out_dtype=torch.float8_e4m3fn, layout="dual")   # the same, one launch
     """
 
     def __init__(self, length: int, *, qmax: float, margin: int = 0, device=None, path: str = "auto"):
@@ -362,25 +366,28 @@ class AmaxHistory:
         self.qmax, self.margin, self.path = float(qmax), int(margin), path
         self.steps = 0
 
-    def quantize(self, x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, *, layout: str | int = "dual"):
+    @renamed_kwarg("dtype", "out_dtype")
+    def quantize(self, x: torch.Tensor, out_dtype: torch.dtype = torch.float8_e4m3fn, *,
+                 layout: str | int = "dual"):
         """x quantized with `scale` (per tensor, this step's multiplier), then this step's amax folded into the
         ring: `(out, out_t, step_scale_inv)` as `quantize_fp8` gives out / out_t (None when not asked for), and
         step_scale_inv (float32 `[1]`) the dequantization scale of this step (`scale_inv` before the fold). On the
         CUDA path one launch does both; the torch path gives the same bits."""
         fn = "AmaxHistory.quantize"
-        if dtype not in FP8_MAX:
-            raise ValueError(f"{fn}: dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
-        if FP8_MAX[dtype] != self.qmax:
-            raise ValueError(f"{fn}: dtype {dtype} has max {FP8_MAX[dtype]}, but this history was built for "
-                             f"qmax={self.qmax}")
+        if out_dtype not in FP8_MAX:
+            raise ValueError(f"{fn}: out_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {out_dtype}")
+        if FP8_MAX[out_dtype] != self.qmax:
+            raise ValueError(f"{fn}: out_dtype {out_dtype} has max {FP8_MAX[out_dtype]}, but this history was built "
+                             f"for qmax={self.qmax}")
         layout_i = _layout(fn, layout)
         if _choose(fn, self.path, x) == "cuda" and x.device == self.ring.device:
             out, out_t, _, inv = ops.quantize_delayed(x.detach(), self.scale, self.ring, self.pos, self.workspace,
-                                                      dtype, layout=layout_i, margin=self.margin,
+                                                      out_dtype, layout=layout_i, margin=self.margin,
                                                       scale_inv=self.scale_inv)
             self.steps += 1
             return out, out_t, inv
-        out, out_t, amax = quantize_fp8(x, self.scale, dtype, layout=layout_i, amax="tensor", check_scale=False,
+        out, out_t, amax = quantize_fp8(x, self.scale, out_dtype=out_dtype, layout=layout_i, amax="tensor",
+                                        check_scale=False,
                                         path="torch" if self.path == "torch" else "auto")
         inv = self.scale_inv.clone()  # the fold below overwrites it with the next step's
         self.fold(amax)
@@ -479,11 +486,12 @@ class _History:
 def _quantize_both(t: torch.Tensor, dtype: torch.dtype, recipe, history: _History | None):
     """(q [M, N], q_t [N, M], scale_inv []) per tensor; the delayed recipe folds this step's amax."""
     if history is None or history.scale() is None:
-        q, q_t, inv = quantize_fp8_dynamic(t, dtype, granularity="tensor", layout="dual")
+        q, q_t, inv = quantize_fp8_dynamic(t, out_dtype=dtype, granularity="tensor", layout="dual")
         if history is not None:
             history.fold(t.detach().abs().amax().float())
         return q, q_t, inv.reshape(())
-    q, q_t, inv = history.amax_history.quantize(t, dtype, layout="dual")  # quantize and fold: one launch on CUDA
+    # quantize and fold: one launch on CUDA
+    q, q_t, inv = history.amax_history.quantize(t, out_dtype=dtype, layout="dual")
     return q, q_t, inv.reshape(())
 
 
@@ -494,8 +502,8 @@ class _Fp8Linear(torch.autograd.Function):
         # _scaled_mm: row-wise scales need a bf16 output, and no bias with a float32 output.
         mm_bias = bias if x2.dtype != torch.float32 else None
         if isinstance(recipe, DynamicScaling) and recipe.granularity == "row" and x2.dtype == torch.bfloat16:
-            xq, _, sx = quantize_fp8_dynamic(x2, torch.float8_e4m3fn, granularity="row")
-            wq, _, sw = quantize_fp8_dynamic(weight, torch.float8_e4m3fn, granularity="row")
+            xq, _, sx = quantize_fp8_dynamic(x2, out_dtype=torch.float8_e4m3fn, granularity="row")
+            wq, _, sw = quantize_fp8_dynamic(weight, out_dtype=torch.float8_e4m3fn, granularity="row")
             out = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.reshape(1, -1), bias=mm_bias,
                                    out_dtype=x2.dtype)
             ctx.save_for_backward(x2, weight)

@@ -163,15 +163,15 @@ def test_history_quantize_cuda_equals_torch_path():
     torch_path = aq.AmaxHistory(6, qmax=57344.0, margin=1, device=DEVICE, path="torch")
     for step in range(8):
         x = (torch.randn(96, 160, generator=gen) * 3.0 ** step).bfloat16().to(DEVICE)
-        want = torch_path.quantize(x, torch.float8_e5m2, layout="dual")
-        got = cuda.quantize(x, torch.float8_e5m2, layout="dual")
+        want = torch_path.quantize(x, out_dtype=torch.float8_e5m2, layout="dual")
+        got = cuda.quantize(x, out_dtype=torch.float8_e5m2, layout="dual")
         assert torch.equal(u8(got[0]), u8(want[0])) and torch.equal(u8(got[1]), u8(want[1])), f"q at step {step}"
         assert torch.equal(i32(got[2]), i32(want[2])), f"scale_inv at step {step}"
         for k in ("ring", "pos", "scale", "scale_inv"):
             assert torch.equal(i32(getattr(cuda, k)), i32(getattr(torch_path, k))), f"{k} at step {step}"
     assert cuda.steps == torch_path.steps == 8
-    with pytest.raises(ValueError, match=r"AmaxHistory.quantize: dtype torch.float8_e4m3fn has max 448.0"):
-        cuda.quantize(x, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"AmaxHistory.quantize: out_dtype torch.float8_e4m3fn has max 448.0"):
+        cuda.quantize(x, out_dtype=torch.float8_e4m3fn)
 
 
 def test_fused_does_not_sync_and_replays_in_a_graph():

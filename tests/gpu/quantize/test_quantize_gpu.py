@@ -231,7 +231,7 @@ def test_block_matches_reference(shape, in_dtype, dtype, block_rows, pow2, mn_ma
     assert_same_floats(sf, want_sf, "scale_inv")
     if mn_major:
         assert sf.stride() == (1, (sf.shape[0] + 3) // 4 * 4) or sf.shape[0] == 1
-    torch_out, torch_sf = backend.quantize_fp8_block(x, dtype, block_rows=block_rows, pow2_scale=pow2,
+    torch_out, torch_sf = backend.quantize_fp8_block(x, out_dtype=dtype, block_rows=block_rows, pow2_scale=pow2,
                                                      scale_mn_major=mn_major, path="torch")
     assert_bitwise_equal(out, torch_out, "kernel vs torch path")
     assert_detects_perturbation(out)
