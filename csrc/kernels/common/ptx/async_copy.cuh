@@ -22,13 +22,17 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 #endif
 }
 
-// 16-byte copy to the shared address dst that writes zeros without reading src when !valid (source size 0;
-// src must still be a mapped address).
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+// 16-byte copy to the shared address dst of the first `bytes` (0..16) bytes at src, zeros after them (the
+// runtime-size zero-fill form: a row's tail, or nothing past a tile's edge; src must be a mapped address).
+__device__ __forceinline__ void cp_async16_zfill_bytes(uint32_t dst, const void* src, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 #endif
+}
+
+// As cp_async16_zfill_bytes with all 16 bytes when `valid`, none (zeros, src not read) otherwise.
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+  cp_async16_zfill_bytes(dst, src, valid ? 16 : 0);
 }
 
 // Closes the group of copies this thread started since the last commit (an empty group is fine).

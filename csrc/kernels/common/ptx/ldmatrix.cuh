@@ -5,23 +5,23 @@
 
 namespace astrai {
 
-// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8. r[i] is matrix i's fragment:
-// lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+// ldmatrix_x4: four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8. r[i] is matrix
+// i's fragment: lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1.
+// ldmatrix_x4_trans: the same, each matrix transposed: lane l holds rows 2 (l % 4) and 2 (l % 4) + 1 of column
+// l / 4.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+#define ASTRAI_LDMATRIX_X4(name, shape)                                                       \
+  __device__ __forceinline__ void name(uint32_t (&r)[4], uint32_t addr) {                     \
+    asm volatile("ldmatrix.sync.aligned." shape ".shared.b16 {%0, %1, %2, %3}, [%4];\n"       \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                             \
+                 : "r"(addr));                                                                \
+  }
+#else
+#define ASTRAI_LDMATRIX_X4(name, shape) \
+  __device__ __forceinline__ void name(uint32_t (&)[4], uint32_t) {}
 #endif
-}
-
-// As ldmatrix_x4, each matrix transposed: lane l holds rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#endif
-}
+ASTRAI_LDMATRIX_X4(ldmatrix_x4, "m8n8.x4")
+ASTRAI_LDMATRIX_X4(ldmatrix_x4_trans, "m8n8.x4.trans")
+#undef ASTRAI_LDMATRIX_X4
 
 }  // namespace astrai
