@@ -16,6 +16,7 @@ Example::
 
 from astrai.extension import loader
 from astrai.extension.backend.attention import ATTN_BACKEND, PagedKVCache, attention, attn_backend, set_op
+from astrai.extension.backend.gemm import quant_gemm
 from astrai.extension.backend.quantize import (DelayedScaling, DynamicScaling, fp8_autocast, fp8_scale_layout,
                                                 quantize_fp8, quantize_fp8_block, quantize_fp8_dynamic,
                                                 quantize_int8_per_channel, quantize_int8_per_row)
@@ -31,6 +32,8 @@ __all__ = [
     # quantization
     "quantize_fp8", "quantize_fp8_dynamic", "quantize_fp8_block", "fp8_scale_layout",
     "quantize_int8_per_row", "quantize_int8_per_channel", "fp8_autocast", "DelayedScaling", "DynamicScaling",
+    # GEMM
+    "quant_gemm",
     # the loader
     "loader", "info",
 ]

@@ -4,6 +4,6 @@
 Importing this package loads no kernel.
 """
 
-from astrai.extension.backend import attention, paged_kv_cache, quantize, rotary
+from astrai.extension.backend import attention, gemm, paged_kv_cache, quantize, rotary
 
-__all__ = ["attention", "paged_kv_cache", "quantize", "rotary"]
+__all__ = ["attention", "gemm", "paged_kv_cache", "quantize", "rotary"]

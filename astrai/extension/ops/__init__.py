@@ -3,6 +3,6 @@
 Importing this package loads no kernel: each wrapper loads its family on first use.
 """
 
-from astrai.extension.ops import attention, quantize, rotary
+from astrai.extension.ops import attention, gemm, quantize, rotary
 
-__all__ = ["attention", "quantize", "rotary"]
+__all__ = ["attention", "gemm", "quantize", "rotary"]

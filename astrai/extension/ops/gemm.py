@@ -1,0 +1,266 @@
+"""Stateless wrapper over the torch.ops.astrai quantized-GEMM kernels: run the kernel or raise, never fall back.
+
+The two ops (schemas in docs/contracts.md, "GEMM ops") compute `y = cast_out(acc * sa[m] * sb[n] + bias[n])`
+for one of the supported (a, b) dtype pairs (`PAIRS`), four operand layouts (`LAYOUTS`) and an optional leading
+batch dim on either operand. They validate everything and launch exactly the plan `(recipe, split_k)` they are
+given; they pick nothing. This wrapper adds, and only adds:
+
+- loading the family on first use (`loader.load_family("gemm")`, which raises with a diagnosis when no image
+  serves it) and registering the fake (meta) implementations that `torch.compile` and
+  `torch.library.opcheck` need;
+- the layout name -> the op's int (`LAYOUTS`);
+- the plan: `plan=(recipe, split_k)` as given, else `builtin_plan(...)` for the problem and the device.
+
+Everything else (dtypes, ranks, shapes, strides, alignment, scales, bias, out, devices, the plan's validity) is
+checked by the op itself, which raises `RuntimeError` naming the op and the argument. Code that wants "the best
+available implementation" calls `astrai.extension.quant_gemm` instead.
+
+Example::
+
+    from astrai.extension.ops import gemm
+    y = gemm.quant_gemm(x, w, b_scale=w_scale)                    # x [M, K] bf16, w [N, K] int8, "nt"
+    gemm.quant_gemm(xq, wq, a_scale=sx, b_scale=sw, out=y)        # int8 x int8 into an existing y
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+from astrai.extension import loader
+from astrai.extension.ops._fakes import register_fakes
+
+FAMILY = "gemm"
+# Op names as error messages spell them (the binding's spelling); the dispatcher's are "astrai::<name>".
+OP = "astrai.quant_gemm"
+OP_OUT = "astrai.quant_gemm_out"
+
+# Layout name -> the op's `layout` int. First letter a, second b: "n" = a as [M, K] / b as [K, N],
+# "t" = stored transposed (a [K, M] / b [N, K]).
+LAYOUTS = {"nt": 0, "nn": 1, "tn": 2, "tt": 3}
+LAYOUT_NAMES = {code: name for name, code in LAYOUTS.items()}
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# Pair name -> the (a.dtype, b.dtype) pairs the kernels take.
+PAIRS = {
+    "w16a16": ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)),
+    "w8a16": ((torch.bfloat16, torch.int8), (torch.float16, torch.int8)),
+    "w8a8": ((torch.int8, torch.int8),),
+    "fp8": ((E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)),
+}
+_PAIR_OF = {dtypes: name for name, pairs in PAIRS.items() for dtypes in pairs}
+
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # plus torch.int32 for w8a8 without scales
+
+
+class Recipe(NamedTuple):
+    name: str
+    tile_m: int
+    tile_n: int
+
+
+# Recipe id (the op's `recipe` int) -> its CTA tile. The K tile, warps and stages are the C++ side's business.
+RECIPES = {
+    0: Recipe("m128n128", 128, 128),
+    1: Recipe("m64n128", 64, 128),
+    2: Recipe("m16n64", 16, 64),  # small M: the weight stream, used with split_k
+}
+
+# The built-in plan's constants (see builtin_plan).
+SMALL_M = 16             # M <= SMALL_M: recipe 2
+MEDIUM_M = 64            # SMALL_M < M <= MEDIUM_M: recipe 1
+MEDIUM_SPLIT_MIN_K = 4096  # recipe 1 splits K only from this K on
+MIN_K_PER_SPLIT = 1024   # each split keeps at least this many elements of K
+MAX_SPLIT_K = 16
+
+_loaded = False
+
+
+def pair_of(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
+    """The pair name ("w16a16", "w8a16", "w8a8", "fp8") of `(a_dtype, b_dtype)`, or None if unsupported."""
+    return _PAIR_OF.get((a_dtype, b_dtype))
+
+
+def layout_code(fn: str, layout: str) -> int:
+    """The op's int for a layout name; ValueError naming `fn` for anything else."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"{fn}: layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
+    return LAYOUTS[layout]
+
+
+class Problem(NamedTuple):
+    """The sizes a pair of operands describes under a layout: batch is None when both are 2-D."""
+
+    batch: int | None
+    m: int
+    n: int
+    k_a: int  # K as a holds it and as b holds it: equal in a valid call
+    k_b: int
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.m, self.n) if self.batch is None else (self.batch, self.m, self.n)
+
+
+def problem(layout: int, a_shape, b_shape) -> Problem:
+    """Read (batch, M, N, K) from the operand shapes (2-D or 3-D each) under layout code `layout`.
+
+    The batch is a's leading dim when a is 3-D, else b's; whether the two agree is the caller's check.
+    """
+    name = LAYOUT_NAMES[layout]
+    m, k_a = a_shape[-2:] if name[0] == "n" else reversed(a_shape[-2:])
+    n, k_b = b_shape[-2:] if name[1] == "t" else reversed(b_shape[-2:])
+    batch = a_shape[0] if len(a_shape) == 3 else (b_shape[0] if len(b_shape) == 3 else None)
+    return Problem(batch, m, n, k_a, k_b)
+
+
+def _fake_quant_gemm(a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k):
+    return a.new_empty(problem(layout, a.shape, b.shape).out_shape, dtype=out_dtype)  # contiguous
+
+
+def _fake_quant_gemm_out(a, b, a_scale, b_scale, bias, layout, recipe, split_k, out):
+    return None
+
+
+_FAKES = {"astrai::quant_gemm": _fake_quant_gemm, "astrai::quant_gemm_out": _fake_quant_gemm_out}
+
+
+@torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
+def load() -> bool:
+    """Load the gemm family and register its fake implementations; idempotent.
+
+    Raises
+    ------
+    loader.FamilyUnavailableError
+        No image serves the gemm family here; the message says why and how to find out more.
+    """
+    global _loaded
+    if not _loaded:
+        loader.load_family(FAMILY, op=OP)
+        register_fakes(_FAKES)
+        _loaded = True
+    return True
+
+
+def _split_k(tiles: int, k: int, num_sms: int) -> int:
+    """Smallest power of two s with tiles * s >= num_sms, capped by K // s >= MIN_K_PER_SPLIT and MAX_SPLIT_K."""
+    split = 1
+    while tiles * split < num_sms and split < MAX_SPLIT_K and k // (2 * split) >= MIN_K_PER_SPLIT:
+        split *= 2
+    return split
+
+
+def _tiles(m: int, n: int, recipe: int) -> int:
+    tile = RECIPES[recipe]
+    return math.ceil(m / tile.tile_m) * math.ceil(n / tile.tile_n)
+
+
+def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
+                 batch_invariant: bool = False) -> tuple[int, int]:
+    """The built-in plan `(recipe, split_k)` for an `[M, K] x [K, N]` problem of `pair` on `num_sms` SMs.
+
+    Rules (constants are module data):
+
+    - `M <= SMALL_M` (16): recipe 2 (m16n64), K split to fill one wave;
+    - `SMALL_M < M <= MEDIUM_M` (64): recipe 1 (m64n128), split only when the grid is under one wave and
+      `K >= MEDIUM_SPLIT_MIN_K` (4096);
+    - else recipe 0 (m128n128), `split_k = 1`.
+
+    "Split to fill one wave": the smallest power of two `s` with `tiles_m * tiles_n * s >= num_sms`, capped so
+    that each split keeps `>= MIN_K_PER_SPLIT` (1024) elements of K and `s <= MAX_SPLIT_K` (16); `s = 1`
+    when the cap allows no split.
+
+    `batch_invariant=True`: the plan depends only on (N, K, pair) and the device, never on M, so a row's
+    result does not depend on how many rows share the call. Recipe 0 when one row of its tiles fills a wave
+    (`ceil(N / 128) >= num_sms`) with `split_k = 1`; else recipe 2 with the split computed with `tiles_m = 1`.
+
+    Example
+    -------
+    >>> builtin_plan(1, 4096, 4096, "w8a16", 132)
+    (2, 4)
+    """
+    if pair not in PAIRS:
+        raise ValueError(f"builtin_plan: pair must be one of {tuple(PAIRS)}, got {pair!r}")
+    if num_sms < 1:
+        raise ValueError(f"builtin_plan: num_sms must be >= 1, got {num_sms}")
+    if batch_invariant:
+        if math.ceil(n / RECIPES[0].tile_n) >= num_sms:
+            return 0, 1
+        return 2, _split_k(_tiles(1, n, 2), k, num_sms)
+    if m <= SMALL_M:
+        return 2, _split_k(_tiles(max(m, 1), n, 2), k, num_sms)
+    if m <= MEDIUM_M:
+        tiles = _tiles(m, n, 1)
+        return 1, (_split_k(tiles, k, num_sms) if tiles < num_sms and k >= MEDIUM_SPLIT_MIN_K else 1)
+    return 0, 1
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """The SM count of a CUDA device, queried once per device index."""
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: bool) -> tuple[int, int]:
+    """`builtin_plan` for these operands; `(0, 1)` (always launchable) when the call cannot be planned
+    (non-CUDA tensors, unsupported pair or ranks): the op then raises its own error."""
+    pair = pair_of(a.dtype, b.dtype)
+    if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        return 0, 1
+    shape = problem(layout, a.shape, b.shape)
+    return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms(a.device), batch_invariant=batch_invariant)
+
+
+def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = None,
+               b_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               out_dtype: torch.dtype = torch.bfloat16, layout: str = "nt", out: torch.Tensor | None = None,
+               plan: tuple[int, int] | None = None, batch_invariant: bool = False) -> torch.Tensor:
+    """`y = cast_out(acc * sa[m] * sb[n] + bias[n])`: `torch.ops.astrai.quant_gemm` (or `quant_gemm_out`).
+
+    Parameters
+    ----------
+    a, b : Tensor
+        CUDA operands of a pair in `PAIRS`, shaped per `layout` ("nt": a `[M, K]`, b `[N, K]`), each optionally
+        with a leading batch dim `[B, ...]` (a 2-D operand or a batch stride of 0 broadcasts). Last-dim stride
+        1, other strides multiples of 16 bytes, base pointers 16-byte aligned.
+    a_scale, b_scale : Tensor, optional
+        float32, contiguous: a's `[]`, `[1]`, `[M]` or `[M, 1]`; b's `[]`, `[1]`, `[N]`, `[N, 1]` or `[1, N]`.
+        Which are required or allowed depends on the pair (docs/contracts.md).
+    bias : Tensor, optional
+        `[N]` bf16, fp16 or fp32, contiguous; added in fp32 after the scales.
+    out_dtype : torch.dtype
+        bf16, fp16 or fp32; int32 for w8a8 without scales or bias (raw accumulators). Ignored with `out`,
+        whose dtype is the output's.
+    layout : {"nt", "nn", "tn", "tt"}
+    out : Tensor, optional
+        Written in place (`quant_gemm_out`) and returned.
+    plan : (int, int), optional
+        `(recipe, split_k)` to launch; default `builtin_plan(M, N, K, pair, num_sms, batch_invariant=...)`.
+    batch_invariant : bool
+        Use the built-in plan that does not depend on M (ignored with `plan`).
+
+    Returns
+    -------
+    Tensor
+        `[M, N]`, or `[B, M, N]` when an operand is batched; contiguous.
+
+    Example
+    -------
+    >>> w = torch.randint(-127, 128, (4096, 4096), device="cuda", dtype=torch.int8)
+    >>> x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    >>> y = quant_gemm(x, w, b_scale=torch.full((4096,), 0.01, device="cuda"))   # [8, 4096] bf16
+    """
+    load()
+    code = layout_code(OP, layout)
+    recipe, split_k = plan if plan is not None else plan_for(a, b, code, batch_invariant)
+    if out is None:
+        return torch.ops.astrai.quant_gemm(a, b, a_scale, b_scale, bias, out_dtype, code, recipe, split_k)
+    torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, code, recipe, split_k, out)
+    return out

@@ -1,0 +1,187 @@
+"""Tier 0 (CPU): the built-in plan as data, batch-invariant plans, the ops wrapper's data, and the fake (meta)
+implementations' shapes.
+
+The fakes are checked twice: through a private torch.library namespace carrying the contract's schemas (needs no
+image), and on the real ops; tests marked `requires_cuda_kernels("gemm")` need the image and skip without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from astrai.extension.ops import gemm as ops
+
+kernels = pytest.mark.requires_cuda_kernels("gemm")
+
+CONTRACT_SCHEMAS = {
+    "quant_gemm":
+        "quant_gemm(Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias, ScalarType out_dtype,"
+        " int layout, int recipe, int split_k) -> Tensor",
+    "quant_gemm_out":
+        "quant_gemm_out(Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias, int layout, int recipe,"
+        " int split_k, Tensor(a!) out) -> ()",
+}
+
+# (M, N, K, num_sms) -> (recipe, split_k): the rules of ops.gemm.builtin_plan worked by hand.
+PLAN_TABLE = {
+    (1, 4096, 4096, 132): (2, 4),      # 64 tiles: x4 fills a wave, 1024 of K per split
+    (1, 4096, 1024, 132): (2, 1),      # K too short to split
+    (1, 128, 2048, 132): (2, 2),       # capped by 1024 of K per split
+    (16, 64, 65536, 132): (2, 16),     # capped at 16 splits
+    (8, 16384, 4096, 132): (2, 1),     # 256 tiles: a wave already
+    (1, 64, 65536, 1): (2, 1),         # one SM: one tile is a wave
+    (1, 4096, 0, 132): (2, 1),         # K = 0
+    (17, 4096, 8192, 132): (1, 8),     # 32 tiles under a wave, K >= 4096
+    (64, 4096, 2048, 132): (1, 1),     # under a wave but K < 4096
+    (64, 32768, 8192, 132): (1, 1),    # 256 tiles
+    (65, 4096, 4096, 132): (0, 1),
+    (4096, 4096, 4096, 132): (0, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(PLAN_TABLE), ids=str)
+@pytest.mark.parametrize("pair", list(ops.PAIRS))
+def test_builtin_plan_table(case, pair):
+    m, n, k, sms = case
+    assert ops.builtin_plan(m, n, k, pair, sms) == PLAN_TABLE[case]
+
+
+@pytest.mark.parametrize("n,k,want", [(4096, 4096, (2, 4)), (32768, 4096, (0, 1)), (128, 2048, (2, 2)),
+                                      (4096, 1024, (2, 1))])
+def test_batch_invariant_plan_independent_of_m(n, k, want):
+    plans = {ops.builtin_plan(m, n, k, "fp8", 132, batch_invariant=True) for m in (0, 1, 16, 17, 64, 65, 4096)}
+    assert plans == {want}
+
+
+def test_plan_fits_the_rules():
+    """Every plan of a sweep: a known recipe, split_k a power of two <= 16 keeping >= 1024 of K per split."""
+    for m in (1, 8, 16, 33, 64, 200):
+        for n in (64, 1000, 4096):
+            for k in (0, 512, 3000, 8192, 1 << 16):
+                for invariant in (False, True):
+                    recipe, split = ops.builtin_plan(m, n, k, "w8a8", 132, batch_invariant=invariant)
+                    assert recipe in ops.RECIPES
+                    assert split & (split - 1) == 0 and 1 <= split <= ops.MAX_SPLIT_K
+                    assert split == 1 or k // split >= ops.MIN_K_PER_SPLIT
+
+
+def test_builtin_plan_rejects():
+    with pytest.raises(ValueError, match=r"^builtin_plan: pair must be one of .*got 'w4a16'"):
+        ops.builtin_plan(1, 64, 64, "w4a16", 132)
+    with pytest.raises(ValueError, match=r"^builtin_plan: num_sms must be >= 1, got 0"):
+        ops.builtin_plan(1, 64, 64, "fp8", 0)
+
+
+def test_num_sms_cached_per_device(monkeypatch):
+    calls = []
+
+    class Props:
+        multi_processor_count = 132
+
+    def props(index):
+        calls.append(index)
+        return Props
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    ops._num_sms.cache_clear()
+    try:
+        assert ops.num_sms(torch.device("cuda", 1)) == 132
+        assert ops.num_sms(torch.device("cuda", 1)) == 132
+        assert ops.num_sms(torch.device("cuda", 2)) == 132
+    finally:
+        ops._num_sms.cache_clear()
+    assert calls == [1, 2]
+
+
+def test_plan_for_cpu_is_the_safe_default():
+    a, b = torch.zeros(1, 64, dtype=torch.int8), torch.zeros(64, 64, dtype=torch.int8)
+    assert ops.plan_for(a, b, ops.LAYOUTS["nt"], False) == (0, 1)
+
+
+def test_data():
+    assert ops.LAYOUTS == {"nt": 0, "nn": 1, "tn": 2, "tt": 3}
+    assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
+        "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64)}
+    assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
+    assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
+    assert ops.pair_of(torch.float8_e5m2, torch.float8_e5m2) is None
+    assert ops.pair_of(torch.int8, torch.bfloat16) is None
+
+
+# --- the fakes -----------------------------------------------------------------------------------------------
+
+# (layout, a shape, b shape) -> output shape, M = 3, N = 5, K = 7, B = 2.
+FAKE_SHAPES = [
+    ("nt", (3, 7), (5, 7), (3, 5)), ("nn", (3, 7), (7, 5), (3, 5)),
+    ("tn", (7, 3), (7, 5), (3, 5)), ("tt", (7, 3), (5, 7), (3, 5)),
+    ("nt", (2, 3, 7), (5, 7), (2, 3, 5)), ("nn", (3, 7), (2, 7, 5), (2, 3, 5)),
+    ("tt", (2, 7, 3), (2, 5, 7), (2, 3, 5)), ("nt", (0, 7), (5, 7), (0, 5)),
+]
+
+_test_lib = None
+
+
+def _fake_namespace():
+    """torch.ops.astrai_gemm_fake: the contract's schemas with the wrapper's fakes and no kernel."""
+    global _test_lib
+    if _test_lib is None:
+        _test_lib = torch.library.Library("astrai_gemm_fake", "DEF")
+        for name, schema in CONTRACT_SCHEMAS.items():
+            _test_lib.define(schema)
+            torch.library.register_fake(f"astrai_gemm_fake::{name}", lib=_test_lib)(
+                ops._FAKES[f"astrai::{name}"])
+    return torch.ops.astrai_gemm_fake
+
+
+def _meta(shape, dtype=torch.int8):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _check_fake(namespace, layout, a_shape, b_shape, want):
+    for out_dtype in (torch.bfloat16, torch.float32, torch.int32):
+        y = namespace.quant_gemm(_meta(a_shape), _meta(b_shape), None, None, None, out_dtype,
+                                 ops.LAYOUTS[layout], 0, 1)
+        assert y.device.type == "meta" and tuple(y.shape) == want and y.dtype == out_dtype
+    out = _meta(want, torch.bfloat16)
+    assert namespace.quant_gemm_out(_meta(a_shape), _meta(b_shape), None, None, None, ops.LAYOUTS[layout], 0, 1,
+                                    out) is None
+
+
+@pytest.mark.parametrize("layout,a_shape,b_shape,want", FAKE_SHAPES)
+def test_fake_shapes_through_torch_library(layout, a_shape, b_shape, want):
+    _check_fake(_fake_namespace(), layout, a_shape, b_shape, want)
+
+
+def test_fake_under_fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    namespace = _fake_namespace()
+    with FakeTensorMode():
+        a = torch.empty(2, 7, 3, dtype=torch.float8_e4m3fn)
+        b = torch.empty(5, 7, dtype=torch.float8_e4m3fn)
+        y = namespace.quant_gemm(a, b, None, None, None, torch.float16, ops.LAYOUTS["tt"], 0, 1)
+    assert tuple(y.shape) == (2, 3, 5) and y.dtype == torch.float16
+
+
+@kernels
+@pytest.mark.parametrize("name", list(CONTRACT_SCHEMAS))
+def test_schema_matches_contract(name):
+    ops.load()
+    schema = getattr(torch.ops.astrai, name).default._schema
+    assert str(schema) == str(torch._C.parse_schema("astrai::" + CONTRACT_SCHEMAS[name]))
+
+
+@kernels
+@pytest.mark.parametrize("layout,a_shape,b_shape,want", FAKE_SHAPES)
+def test_fake_shapes_of_the_real_ops(layout, a_shape, b_shape, want):
+    ops.load()
+    _check_fake(torch.ops.astrai, layout, a_shape, b_shape, want)
+
+
+@kernels
+def test_real_op_on_cpu_validates_then_asks_for_cuda():
+    ops.load()
+    a, b = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: a must be a CUDA tensor, got cpu"):
+        ops.quant_gemm(a, b)
