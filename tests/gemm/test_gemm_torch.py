@@ -216,6 +216,10 @@ def test_validation_out_and_layout():
         quant_gemm(a, b, layout="xt", path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: path must be one of"):
         quant_gemm(a, b, path="cublas", **kw)
+    with pytest.raises(ValueError, match=r"^quant_gemm: plan's recipe must be one of .*got 7"):
+        quant_gemm(a, b, plan=(7, 1), path="torch", **kw)
+    with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got 0"):
+        quant_gemm(a, b, plan=(0, 0), path="torch", **kw)
 
 
 def test_validation_runs_on_every_path():
@@ -248,3 +252,13 @@ def test_cuda_path_on_cpu_raises_with_reason():
 def test_exported():
     assert "quant_gemm" in astrai.extension.__all__
     assert astrai.extension.quant_gemm is backend.quant_gemm
+
+
+def test_memory_rule_of_the_kernels():
+    """What path="auto" checks before the kernels: last-dim stride 1, 16-byte strides and base pointers."""
+    base = torch.zeros(4, 16, dtype=torch.bfloat16)
+    assert backend._aligned(base)
+    assert not backend._aligned(torch.zeros(4, 12, dtype=torch.bfloat16))   # 24-byte rows
+    assert not backend._aligned(base.t())                                  # inner stride 4
+    assert not backend._aligned(base[:, 1:9])                              # base pointer off by 2 bytes
+    assert backend._aligned(base.unsqueeze(0).expand(3, 4, 16))            # batch stride 0 broadcasts

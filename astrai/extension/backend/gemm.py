@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from astrai.extension import _fallbacks, loader
+from astrai.extension import loader
+from astrai.extension.backend import _path
 from astrai.extension.ops import gemm as ops
 
-PATHS = ("auto", "cuda", "torch")
+PATHS = _path.PATHS
 FN = "quant_gemm"
 BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ALIGN = 16  # bytes: the kernels' vector loads and stores
@@ -74,6 +75,24 @@ def _check_operands(fn: str, a: torch.Tensor, b: torch.Tensor, layout: int) -> o
     return shape
 
 
+def _check_placement(fn: str, name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{fn}: {name} must be on a's device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{fn}: {name} must be contiguous, got strides {list(t.stride())}")
+
+
+def _check_plan(fn: str, plan) -> None:
+    """The plan's own rules (the op also checks split_k against the recipe's K tile)."""
+    if not (isinstance(plan, (tuple, list)) and len(plan) == 2):
+        raise ValueError(f"{fn}: plan must be (recipe, split_k), got {plan!r}")
+    recipe, split_k = plan
+    if recipe not in ops.RECIPES:
+        raise ValueError(f"{fn}: plan's recipe must be one of {tuple(ops.RECIPES)}, got {recipe!r}")
+    if not (isinstance(split_k, int) and split_k >= 1):
+        raise ValueError(f"{fn}: plan's split_k must be an int >= 1, got {split_k!r}")
+
+
 def _check_scale(fn: str, name: str, scale: torch.Tensor, size: int, device: torch.device) -> None:
     axis = "M" if name == "a_scale" else "N"
     allowed = [(), (1,), (size,), (size, 1)] + ([(1, size)] if name == "b_scale" else [])
@@ -82,10 +101,7 @@ def _check_scale(fn: str, name: str, scale: torch.Tensor, size: int, device: tor
     if tuple(scale.shape) not in allowed:
         spelled = ", ".join(str(list(s)) for s in allowed)
         raise ValueError(f"{fn}: {name} must be one of {spelled} ({axis} = {size}), got {_shape(scale)}")
-    if scale.device != device:
-        raise ValueError(f"{fn}: {name} must be on a's device {device}, got {scale.device}")
-    if not scale.is_contiguous():
-        raise ValueError(f"{fn}: {name} must be contiguous, got strides {list(scale.stride())}")
+    _check_placement(fn, name, scale, device)
 
 
 def _scale_rule(pair: str, out_dtype: torch.dtype) -> tuple[str, str]:
@@ -115,16 +131,15 @@ def _check_bias(fn: str, bias: torch.Tensor, n: int, device: torch.device) -> No
         raise ValueError(f"{fn}: bias must be [N] = [{n}], got {_shape(bias)}")
     if bias.dtype not in BIAS_DTYPES:
         raise ValueError(f"{fn}: bias must be one of {BIAS_DTYPES}, got {bias.dtype}")
-    if bias.device != device:
-        raise ValueError(f"{fn}: bias must be on a's device {device}, got {bias.device}")
-    if not bias.is_contiguous():
-        raise ValueError(f"{fn}: bias must be contiguous, got strides {list(bias.stride())}")
+    _check_placement(fn, "bias", bias, device)
 
 
 def validate(fn: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtype: torch.dtype,
-             layout: int, out: torch.Tensor | None) -> ops.Problem:
+             layout: int, out: torch.Tensor | None, plan=None) -> ops.Problem:
     """The op's rules, in Python, shared by both paths; returns the problem's sizes. With `out`, out's dtype
     is the output dtype (out_dtype is not read)."""
+    if plan is not None:
+        _check_plan(fn, plan)
     shape = _check_operands(fn, a, b, layout)
     pair = ops.pair_of(a.dtype, b.dtype)
     arg = "out_dtype" if out is None else "out.dtype"
@@ -147,7 +162,9 @@ def validate(fn: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, 
 
 def _aligned(t: torch.Tensor) -> bool:
     size = t.element_size()
-    return (t.stride(-1) == 1 or t.shape[-1] <= 1) and t.data_ptr() % ALIGN == 0 and all(
+    # Traced (fake) tensors have no data pointer: under torch.compile the op checks it at run time.
+    pointer_ok = torch.compiler.is_compiling() or t.data_ptr() % ALIGN == 0
+    return (t.stride(-1) == 1 or t.shape[-1] <= 1) and pointer_ok and all(
         (s * size) % ALIGN == 0 for s in t.stride()[:-1])
 
 
@@ -172,24 +189,6 @@ def select_path(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None,
                 out: torch.Tensor | None = None) -> str:
     """"cuda" or "torch": the path `quant_gemm(..., path="auto")` takes for these arguments now."""
     return "torch" if _cuda_blocker(a, b, (a_scale, b_scale, bias), out) else "cuda"
-
-
-def _choose(fn: str, path: str, a, b, others, out) -> str:
-    if path == "torch":
-        return "torch"
-    if path == "auto":
-        blocker = _cuda_blocker(a, b, others, out)
-        if blocker is None:
-            return "cuda"
-        _fallbacks.record(fn, blocker, "torch", on_gpu=a.is_cuda)
-        return "torch"
-    if path == "cuda":
-        # Availability is left to the ops wrapper, whose error explains every image seen.
-        blocker = _cuda_blocker(a, b, others, out, check_available=False)
-        if blocker:
-            raise ValueError(f"{fn}(path='cuda'): the CUDA kernels cannot run this call: {blocker}")
-        return "cuda"
-    raise ValueError(f"{fn}: path must be one of {PATHS}, got {path!r}")
 
 
 def _as_mk_kn(a: torch.Tensor, b: torch.Tensor, layout: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,8 +279,11 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     >>> y = quant_gemm(x, w, b_scale=torch.full((4096,), 0.01))                # torch path on the CPU
     """
     code = ops.layout_code(FN, layout)
-    shape = validate(FN, a, b, a_scale, b_scale, bias, out_dtype, code, out)
-    if _choose(FN, path, a, b, (a_scale, b_scale, bias), out) == "cuda":
+    shape = validate(FN, a, b, a_scale, b_scale, bias, out_dtype, code, out, plan)
+    def blocker(check_available: bool) -> str | None:
+        return _cuda_blocker(a, b, (a_scale, b_scale, bias), out, check_available=check_available)
+
+    if _path.choose(FN, path, blocker, on_gpu=a.is_cuda) == "cuda":
         return ops.quant_gemm(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out_dtype=out_dtype,
                               layout=layout, out=out, plan=plan, batch_invariant=batch_invariant)
     y = _gemm_torch(a, b, a_scale, b_scale, bias, out_dtype if out is None else out.dtype, code, shape)
