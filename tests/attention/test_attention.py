@@ -21,6 +21,7 @@ from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attn_backend
 from astrai.extension.backend import attention as backend
 from astrai.extension.backend import paged_kv_cache
 from astrai.extension.ops import attention as ops
+from support.schemas import assert_schema_matches
 
 kernels = pytest.mark.requires_cuda_kernels("attention")
 
@@ -545,9 +546,7 @@ def test_custom_backend_instance():
 @kernels
 @pytest.mark.parametrize("name", list(CONTRACT_SCHEMAS))
 def test_schema_matches_contract(name):
-    ops.load()
-    schema = getattr(torch.ops.astrai, name).default._schema
-    assert str(schema) == str(torch._C.parse_schema("astrai::" + CONTRACT_SCHEMAS[name]))
+    assert_schema_matches(ops.load, name, CONTRACT_SCHEMAS)
 
 
 def _valid_decode(paged=False):

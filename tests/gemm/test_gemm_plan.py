@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from astrai.extension.ops import gemm as ops
+from support.schemas import assert_schema_matches
 
 kernels = pytest.mark.requires_cuda_kernels("gemm")
 
@@ -167,9 +168,7 @@ def test_fake_under_fake_tensor_mode():
 @kernels
 @pytest.mark.parametrize("name", list(CONTRACT_SCHEMAS))
 def test_schema_matches_contract(name):
-    ops.load()
-    schema = getattr(torch.ops.astrai, name).default._schema
-    assert str(schema) == str(torch._C.parse_schema("astrai::" + CONTRACT_SCHEMAS[name]))
+    assert_schema_matches(ops.load, name, CONTRACT_SCHEMAS)
 
 
 @kernels

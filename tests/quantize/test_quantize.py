@@ -19,6 +19,7 @@ from reference import quantize as ref
 import astrai.extension as ae
 from astrai.extension.backend import quantize as backend
 from astrai.extension.ops import quantize as ops
+from support.schemas import assert_schema_matches
 
 kernels = pytest.mark.requires_cuda_kernels("quantize")
 
@@ -299,9 +300,7 @@ def test_import_loads_no_kernel():
 @kernels
 @pytest.mark.parametrize("name", list(CONTRACT_SCHEMAS))
 def test_schema_matches_contract(name):
-    ops.load()
-    schema = getattr(torch.ops.astrai, name).default._schema
-    assert str(schema) == str(torch._C.parse_schema("astrai::" + CONTRACT_SCHEMAS[name]))
+    assert_schema_matches(ops.load, name, CONTRACT_SCHEMAS)
 
 
 def _strided_last(t: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from reference.rotary import random_freqs, rotary
 from astrai.extension import apply_rotary_emb, apply_rotary_emb_qk, rotary_cos_sin_cache
 from astrai.extension.backend import rotary as backend
 from astrai.extension.ops import rotary as ops
+from support.schemas import assert_schema_matches
 
 kernels = pytest.mark.requires_cuda_kernels("rotary")
 
@@ -237,9 +238,7 @@ def test_import_loads_no_kernel():
 @kernels
 @pytest.mark.parametrize("name", list(CONTRACT_SCHEMAS))
 def test_schema_matches_contract(name):
-    ops.load()
-    schema = getattr(torch.ops.astrai, name).default._schema
-    assert str(schema) == str(torch._C.parse_schema("astrai::" + CONTRACT_SCHEMAS[name]))
+    assert_schema_matches(ops.load, name, CONTRACT_SCHEMAS)
 
 
 def _valid(tokens=5, heads_q=4, heads_k=2, head_dim=8, max_pos=16):

@@ -1,6 +1,6 @@
 """The `path=` rule every policy module applies: "auto" | "cuda" | "torch", with fallbacks recorded.
 
-New families call `choose`; rotary and quantize still carry their own copy of the same rule.
+Every family's policy module calls `choose`.
 """
 
 from __future__ import annotations

@@ -264,8 +264,8 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
         Kernels: use a plan that does not depend on M, so a row's result is bitwise independent of the batch
         size. The torch path ignores it.
     path : {"auto", "cuda", "torch"}
-        "auto" follows the module's rule; "cuda" forces the kernels (ValueError if they cannot run);
-        "torch" forces the torch path.
+        Which implementation: "auto" takes the kernels where they serve the call, else the torch path (and
+        logs why); "cuda" insists on the kernels and raises ValueError with the reason; "torch" insists on torch.
 
     Returns
     -------

@@ -26,10 +26,11 @@ import weakref
 import torch
 
 from astrai.extension import _fallbacks, loader
+from astrai.extension.backend import _path
 from astrai.extension._deprecation import renamed_kwarg
 from astrai.extension.ops import quantize as ops
 
-PATHS = ("auto", "cuda", "torch")
+PATHS = _path.PATHS
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 _FLT_MAX = torch.finfo(torch.float32).max
 _IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -61,20 +62,7 @@ def _cuda_blocker(x: torch.Tensor, *, check_available: bool = True) -> str | Non
 
 
 def _choose(fn: str, path: str, x: torch.Tensor) -> str:
-    if path == "torch":
-        return "torch"
-    if path == "auto":
-        blocker = _cuda_blocker(x)
-        if blocker is None:
-            return "cuda"
-        _fallbacks.record(fn, blocker, "torch", on_gpu=x.is_cuda)
-        return "torch"
-    if path == "cuda":
-        blocker = _cuda_blocker(x, check_available=False)
-        if blocker:
-            raise ValueError(f"{fn}(path='cuda'): the CUDA kernels cannot run this call: {blocker}")
-        return "cuda"
-    raise ValueError(f"{fn}: path must be one of {PATHS}, got {path!r}")
+    return _path.choose(fn, path, lambda available: _cuda_blocker(x, check_available=available), on_gpu=x.is_cuda)
 
 
 def select_path(x: torch.Tensor) -> str:

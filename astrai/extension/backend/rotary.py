@@ -25,9 +25,10 @@ import math
 import torch
 
 from astrai.extension import _fallbacks, loader
+from astrai.extension.backend import _path
 from astrai.extension.ops import rotary as ops
 
-PATHS = ("auto", "cuda", "torch")
+PATHS = _path.PATHS
 
 
 @torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
@@ -106,21 +107,8 @@ def select_path(x: torch.Tensor, freqs_cis, *, k: torch.Tensor | None = None, in
 
 
 def _choose(fn: str, path: str, x, k, cos, sin, inplace: bool) -> str:
-    if path == "torch":
-        return "torch"
-    if path == "auto":
-        blocker = _cuda_blocker(x, k, cos, sin, inplace)
-        if blocker is None:
-            return "cuda"
-        _fallbacks.record(fn, blocker, "torch", on_gpu=x.is_cuda)
-        return "torch"
-    if path == "cuda":
-        # Availability is left to the ops wrapper, whose error explains every image seen.
-        blocker = _cuda_blocker(x, k, cos, sin, inplace, check_available=False)
-        if blocker:
-            raise ValueError(f"{fn}(path='cuda'): the CUDA kernel cannot run this call: {blocker}")
-        return "cuda"
-    raise ValueError(f"{fn}: path must be one of {PATHS}, got {path!r}")
+    return _path.choose(fn, path, lambda available: _cuda_blocker(x, k, cos, sin, inplace, check_available=available),
+                        on_gpu=x.is_cuda)
 
 
 def _kernel_freqs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None):

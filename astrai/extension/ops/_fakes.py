@@ -1,8 +1,11 @@
-"""Fake (meta) registration shared by the ops modules: torch.compile and opcheck trace through these."""
+"""What the ops modules share: loading a family once with its fake (meta) registrations, which torch.compile
+and opcheck trace through."""
 
 from __future__ import annotations
 
 import torch
+
+from astrai.extension import loader
 
 
 def register_fakes(fakes: dict) -> None:
@@ -13,3 +16,16 @@ def register_fakes(fakes: dict) -> None:
         except RuntimeError as exc:  # torch < 2.13 refuses a second registration
             if "already" not in str(exc):
                 raise
+
+
+_LOADED: set[str] = set()
+
+
+def load_family_once(family: str, op: str, fakes: dict) -> bool:
+    """Load `family` (loader.load_family, which raises FamilyUnavailableError with a diagnosis) and register its
+    fakes, once per process; True once loaded. The ops modules' `load()` wraps this."""
+    if family not in _LOADED:
+        loader.load_family(family, op=op)
+        register_fakes(fakes)
+        _LOADED.add(family)
+    return True

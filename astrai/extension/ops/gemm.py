@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 
 from astrai.extension import loader
-from astrai.extension.ops._fakes import register_fakes
+from astrai.extension.ops._fakes import load_family_once
 
 FAMILY = "gemm"
 # Op names as error messages spell them (the binding's spelling); the dispatcher's are "astrai::<name>".
@@ -76,7 +76,6 @@ MEDIUM_SPLIT_MIN_K = 4096  # recipe 1 splits K only from this K on
 MIN_K_PER_SPLIT = 1024   # each split keeps at least this many elements of K
 MAX_SPLIT_K = 16
 
-_loaded = False
 
 
 def pair_of(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
@@ -130,19 +129,8 @@ _FAKES = {"astrai::quant_gemm": _fake_quant_gemm, "astrai::quant_gemm_out": _fak
 
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
 def load() -> bool:
-    """Load the gemm family and register its fake implementations; idempotent.
-
-    Raises
-    ------
-    loader.FamilyUnavailableError
-        No image serves the gemm family here; the message says why and how to find out more.
-    """
-    global _loaded
-    if not _loaded:
-        loader.load_family(FAMILY, op=OP)
-        register_fakes(_FAKES)
-        _loaded = True
-    return True
+    """Load the family once, with its fakes; loader.FamilyUnavailableError (saying why) when no image serves it."""
+    return load_family_once(FAMILY, OP, _FAKES)
 
 
 def _split_k(tiles: int, k: int, num_sms: int) -> int:

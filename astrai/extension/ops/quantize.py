@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from astrai.extension import loader
-from astrai.extension.ops._fakes import register_fakes
+from astrai.extension.ops._fakes import load_family_once
 
 FAMILY = "quantize"
 OP = "astrai.quantize"
@@ -48,7 +48,6 @@ AMAX = {None: 0, "none": 0, "tensor": 1, "row": 2}
 GRANULARITY = {"tensor": 0, "row": 1}
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-_loaded = False
 
 
 def _aligned4(n: int) -> int:
@@ -112,19 +111,8 @@ _FAKES = {"astrai::quantize": _fake_quantize,
 
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
 def load() -> bool:
-    """Load the quantize family and register its fake implementations; idempotent.
-
-    Raises
-    ------
-    loader.FamilyUnavailableError
-        No image serves the quantize family here; the message says why and how to find out more.
-    """
-    global _loaded
-    if not _loaded:
-        loader.load_family(FAMILY, op=OP)
-        register_fakes(_FAKES)
-        _loaded = True
-    return True
+    """Load the family once, with its fakes; loader.FamilyUnavailableError (saying why) when no image serves it."""
+    return load_family_once(FAMILY, OP, _FAKES)
 
 
 def _as_2d(x: torch.Tensor) -> torch.Tensor:

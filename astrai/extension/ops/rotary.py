@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from astrai.extension import loader
-from astrai.extension.ops._fakes import register_fakes
+from astrai.extension.ops._fakes import load_family_once
 
 FAMILY = "rotary"
 # Op names as error messages spell them (the binding's spelling); the dispatcher's are "astrai::<name>".
@@ -38,7 +38,6 @@ OP = "astrai.rotary_embedding"
 OP_QK = "astrai.rotary_embedding_qk"
 OP_INPLACE = "astrai.rotary_embedding_"
 
-_loaded = False
 
 
 def _fake_rotary_embedding(q, cos, sin, positions, interleaved):
@@ -60,19 +59,8 @@ _FAKES = {"astrai::rotary_embedding": _fake_rotary_embedding,
 
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
 def load() -> bool:
-    """Load the rotary family and register its fake implementations; idempotent.
-
-    Raises
-    ------
-    loader.FamilyUnavailableError
-        No image serves the rotary family here; the message says why and how to find out more.
-    """
-    global _loaded
-    if not _loaded:
-        loader.load_family(FAMILY, op=OP)
-        register_fakes(_FAKES)
-        _loaded = True
-    return True
+    """Load the family once, with its fakes; loader.FamilyUnavailableError (saying why) when no image serves it."""
+    return load_family_once(FAMILY, OP, _FAKES)
 
 
 def _tokens(t: torch.Tensor, op: str, name: str, *, inplace: bool) -> torch.Tensor:
