@@ -26,12 +26,15 @@ CONTRACT_SCHEMAS = {
 
 # (M, N, K, num_sms) -> (recipe, split_k): the rules of ops.gemm.builtin_plan worked by hand.
 PLAN_TABLE = {
-    (1, 4096, 4096, 132): (2, 4),      # 64 tiles: x4 fills a wave, 1024 of K per split
+    (1, 4096, 4096, 132): (2, 4),      # 64 tiles: x8 would fill four waves, capped by 1024 of K per split
+    (1, 4096, 16384, 132): (2, 16),    # 64 tiles x 16 >= 4 waves (528 CTAs)
+    (1, 7168, 16384, 132): (2, 8),     # 112 tiles x 8 >= 528
     (1, 4096, 1024, 132): (2, 1),      # K too short to split
     (1, 128, 2048, 132): (2, 2),       # capped by 1024 of K per split
     (16, 64, 65536, 132): (2, 16),     # capped at 16 splits
-    (8, 16384, 4096, 132): (2, 1),     # 256 tiles: a wave already
-    (1, 64, 65536, 1): (2, 1),         # one SM: one tile is a wave
+    (8, 16384, 4096, 132): (2, 4),     # 256 tiles: x4 for four waves (K allows 4)
+    (8, 65536, 4096, 132): (2, 1),     # 1024 tiles: four waves already
+    (1, 64, 65536, 1): (2, 4),         # one SM: four waves of one tile
     (1, 4096, 0, 132): (2, 1),         # K = 0
     (17, 4096, 8192, 132): (1, 8),     # 32 tiles under a wave, K >= 4096
     (64, 4096, 2048, 132): (1, 1),     # under a wave but K < 4096
@@ -48,11 +51,15 @@ def test_builtin_plan_table(case, pair):
     assert ops.builtin_plan(m, n, k, pair, sms) == PLAN_TABLE[case]
 
 
-@pytest.mark.parametrize("n,k,want", [(4096, 4096, (2, 4)), (32768, 4096, (0, 1)), (128, 2048, (2, 2)),
-                                      (4096, 1024, (2, 1))])
-def test_batch_invariant_plan_independent_of_m(n, k, want):
-    plans = {ops.builtin_plan(m, n, k, "fp8", 132, batch_invariant=True) for m in (0, 1, 16, 17, 64, 65, 4096)}
-    assert plans == {want}
+@pytest.mark.parametrize("n,k,split", [(4096, 4096, 4), (32768, 4096, 2), (65536, 4096, 1), (128, 2048, 2),
+                                      (4096, 1024, 1)])
+def test_batch_invariant_plan_split_independent_of_m(n, k, split):
+    """The split (the only part of a plan that changes a row's summation order) follows (N, K) alone; the recipe
+    follows M as in the default plan."""
+    for m in (0, 1, 16, 17, 64, 65, 4096):
+        recipe, got = ops.builtin_plan(m, n, k, "fp8", 132, batch_invariant=True)
+        assert got == split
+        assert recipe == ops.builtin_plan(m, n, k, "fp8", 132)[0]
 
 
 def test_plan_fits_the_rules():
@@ -184,3 +191,58 @@ def test_real_op_on_cpu_validates_then_asks_for_cuda():
     a, b = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: a must be a CUDA tensor, got cpu"):
         ops.quant_gemm(a, b)
+
+
+def _bad_calls():
+    """(name, a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k, message pattern): one per class of
+    bad input the op refuses before launch (CPU tensors: validation runs first, the device check last)."""
+    bf, s8, e4 = torch.bfloat16, torch.int8, torch.float8_e4m3fn
+
+    def t(*shape, dtype=bf):
+        return torch.zeros(*shape, dtype=dtype)
+
+    one, rows = torch.ones(1), torch.ones(4)
+    return [
+        ("pair", t(4, 64, dtype=s8), t(8, 64), None, None, None, bf, 0, 0, 1, r"\(a, b\) dtypes must be one of"),
+        ("k_mismatch", t(4, 64), t(8, 32), None, None, None, bf, 0, 0, 1, r"b.size\(-1\) must equal K = a.size"),
+        ("rank", t(64), t(8, 64), None, None, None, bf, 0, 0, 1, r"a must be 2-D \[M, K\] or 3-D"),
+        ("batch", t(2, 4, 64), t(3, 8, 64), None, None, None, bf, 0, 0, 1, r"batch sizes must match or one"),
+        ("stride", t(4, 68)[:, :64], t(8, 64), None, None, None, bf, 0, 0, 1, r"a needs strides that are multiples"),
+        ("base", t(4, 72)[:, 1:65], t(8, 64), None, None, None, bf, 0, 0, 1, r"a must start at a 16-byte aligned"),
+        ("layout", t(4, 64), t(64, 8), None, None, None, bf, 1, 0, 1, r"layout 'nn' is not implemented"),
+        ("missing_b_scale", t(4, 64), t(8, 64, dtype=s8), None, None, None, bf, 0, 0, 1, r"b_scale is required"),
+        ("forbidden_a_scale", t(4, 64), t(8, 64, dtype=s8), one, one, None, bf, 0, 0, 1, r"a_scale must be None"),
+        ("w16_scales", t(4, 64), t(8, 64), None, one, None, bf, 0, 0, 1, r"a_scale and b_scale must be None"),
+        ("missing_a_scale", t(4, 64, dtype=s8), t(8, 64, dtype=s8), None, one, None, bf, 0, 0, 1,
+         r"a_scale is required"),
+        ("scale_shape", t(4, 64, dtype=e4), t(8, 64, dtype=e4), torch.ones(3), None, None, bf, 0, 0, 1,
+         r"a_scale must hold 1 value or 4"),
+        ("scale_dtype", t(4, 64, dtype=e4), t(8, 64, dtype=e4), rows.double(), None, None, bf, 0, 0, 1,
+         r"a_scale must be float32, got float64"),
+        ("bias_len", t(4, 64), t(8, 64), None, None, torch.zeros(7), bf, 0, 0, 1, r"bias must be 1-D \[N\] with N = 8"),
+        ("bias_dtype", t(4, 64), t(8, 64), None, None, torch.zeros(8, dtype=torch.int32), bf, 0, 0, 1,
+         r"bias must be bfloat16, float16 or float32"),
+        ("int32_scaled", t(4, 64, dtype=s8), t(8, 64, dtype=s8), rows, one, None, torch.int32, 0, 0, 1,
+         r"out_dtype int32 returns the raw int32 accumulators"),
+        ("out_dtype", t(4, 64), t(8, 64), None, None, None, torch.int32, 0, 0, 1, r"out_dtype must be bfloat16"),
+        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 9, 1, r"recipe must be in \[0, "),
+        ("split_k", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 0, r"split_k must be in \[1, 64\], got 0"),
+        ("cpu", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 1, r"a must be a CUDA tensor, got cpu"),
+    ]
+
+
+@kernels
+@pytest.mark.parametrize("case", _bad_calls(), ids=lambda c: c[0])
+def test_op_refuses_bad_input_naming_the_argument(case):
+    _, a, b, sa, sb, bias, out_dtype, layout, recipe, split_k, pattern = case
+    ops.load()
+    with pytest.raises(RuntimeError, match="^astrai.quant_gemm: " + pattern):
+        torch.ops.astrai.quant_gemm(a, b, sa, sb, bias, out_dtype, layout, recipe, split_k)
+
+
+@kernels
+def test_out_op_refuses_a_wrong_out():
+    ops.load()
+    a, b = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"^astrai.quant_gemm_out: out must have shape \[4, 8\], got \[4, 9\]"):
+        torch.ops.astrai.quant_gemm_out(a, b, None, None, None, 0, 0, 1, torch.zeros(4, 9))

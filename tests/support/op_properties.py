@@ -29,6 +29,9 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
                      "(tests/gpu/attention/test_prefill_gpu.py checks it bitwise)"),
     "attn_prefill_ragged": (True, "as attn_prefill: the tile map only locates a tile, the arithmetic is per row"),
     "attn_paged_prefill": (True, "as attn_prefill, over pages: the key order does not depend on the batch"),
+    "quant_gemm": (False, "the built-in plan's K split follows M (the wave it fills); batch_invariant=True takes "
+                          "a split from (N, K) only, and every recipe sums K in one order (tests/gpu/gemm checks it)"),
+    "quant_gemm_out": (False, "as quant_gemm"),
     "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
 }
 

@@ -168,12 +168,19 @@ def _aligned(t: torch.Tensor) -> bool:
         (s * size) % ALIGN == 0 for s in t.stride()[:-1])
 
 
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | None, *,
-                  check_available: bool = True) -> str | None:
+                  check_available: bool = True, layout: str = "nt") -> str | None:
     """Why the CUDA kernels cannot run this call, or None when they can."""
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             return f"{name} is on {t.device}, not a CUDA device"
+    if layout != "nt":
+        return f"layout {layout!r}: the kernels take 'nt' only so far (a [M, K], b [N, K])"
+    if a.dtype in FP8 and torch.cuda.get_device_capability(a.device) < (8, 9):
+        return "fp8 operands need an sm_89 or newer GPU"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, *others)):
         return "a gradient is needed (grad mode is on and an input requires grad); the kernels have no backward"
     for name, t in (("a", a), ("b", b), ("out", out)):
@@ -186,9 +193,9 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
 
 
 def select_path(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None, bias=None,
-                out: torch.Tensor | None = None) -> str:
+                out: torch.Tensor | None = None, layout: str = "nt") -> str:
     """"cuda" or "torch": the path `quant_gemm(..., path="auto")` takes for these arguments now."""
-    return "torch" if _cuda_blocker(a, b, (a_scale, b_scale, bias), out) else "cuda"
+    return "torch" if _cuda_blocker(a, b, (a_scale, b_scale, bias), out, layout=layout) else "cuda"
 
 
 def _as_mk_kn(a: torch.Tensor, b: torch.Tensor, layout: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,7 +288,7 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     code = ops.layout_code(FN, layout)
     shape = validate(FN, a, b, a_scale, b_scale, bias, out_dtype, code, out, plan)
     def blocker(check_available: bool) -> str | None:
-        return _cuda_blocker(a, b, (a_scale, b_scale, bias), out, check_available=check_available)
+        return _cuda_blocker(a, b, (a_scale, b_scale, bias), out, check_available=check_available, layout=layout)
 
     if _path.choose(FN, path, blocker, on_gpu=a.is_cuda) == "cuda":
         return ops.quant_gemm(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out_dtype=out_dtype,

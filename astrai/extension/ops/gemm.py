@@ -75,6 +75,9 @@ MEDIUM_M = 64            # SMALL_M < M <= MEDIUM_M: recipe 1
 MEDIUM_SPLIT_MIN_K = 4096  # recipe 1 splits K only from this K on
 MIN_K_PER_SPLIT = 1024   # each split keeps at least this many elements of K
 MAX_SPLIT_K = 16
+# Recipe 2 (the weight stream) splits K until its grid holds this many waves of CTAs: more blocks in flight hide the
+# latency of its short, copy-bound tiles (H200 sweep, docs/benchmarks.md: four waves were the fastest or within 2%).
+SMALL_M_WAVES = 4
 
 
 
@@ -133,10 +136,11 @@ def load() -> bool:
     return load_family_once(FAMILY, OP, _FAKES)
 
 
-def _split_k(tiles: int, k: int, num_sms: int) -> int:
-    """Smallest power of two s with tiles * s >= num_sms, capped by K // s >= MIN_K_PER_SPLIT and MAX_SPLIT_K."""
+def _split_k(tiles: int, k: int, num_sms: int, waves: int = 1) -> int:
+    """Smallest power of two s with tiles * s >= waves * num_sms, capped by K // s >= MIN_K_PER_SPLIT and
+    MAX_SPLIT_K."""
     split = 1
-    while tiles * split < num_sms and split < MAX_SPLIT_K and k // (2 * split) >= MIN_K_PER_SPLIT:
+    while tiles * split < waves * num_sms and split < MAX_SPLIT_K and k // (2 * split) >= MIN_K_PER_SPLIT:
         split *= 2
     return split
 
@@ -152,7 +156,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
 
     Rules (constants are module data):
 
-    - `M <= SMALL_M` (16): recipe 2 (m16n64), K split to fill one wave;
+    - `M <= SMALL_M` (16): recipe 2 (m16n64), K split to fill `SMALL_M_WAVES` (4) waves;
     - `SMALL_M < M <= MEDIUM_M` (64): recipe 1 (m64n128), split only when the grid is under one wave and
       `K >= MEDIUM_SPLIT_MIN_K` (4096);
     - else recipe 0 (m128n128), `split_k = 1`.
@@ -161,9 +165,9 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     that each split keeps `>= MIN_K_PER_SPLIT` (1024) elements of K and `s <= MAX_SPLIT_K` (16); `s = 1`
     when the cap allows no split.
 
-    `batch_invariant=True`: the plan depends only on (N, K, pair) and the device, never on M, so a row's
-    result does not depend on how many rows share the call. Recipe 0 when one row of its tiles fills a wave
-    (`ceil(N / 128) >= num_sms`) with `split_k = 1`; else recipe 2 with the split computed with `tiles_m = 1`.
+    `batch_invariant=True`: the split depends only on (N, K) and the device, never on M (computed as for
+    recipe 2 with one row of tiles), so a row's result does not depend on how many rows share the call; the
+    recipe still follows M, since every recipe sums a row's K in the same order.
 
     Example
     -------
@@ -175,11 +179,11 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     if num_sms < 1:
         raise ValueError(f"builtin_plan: num_sms must be >= 1, got {num_sms}")
     if batch_invariant:
-        if math.ceil(n / RECIPES[0].tile_n) >= num_sms:
-            return 0, 1
-        return 2, _split_k(_tiles(1, n, 2), k, num_sms)
+        # Every recipe walks K in the same order, so only the split must not depend on M.
+        recipe = 2 if m <= SMALL_M else 1 if m <= MEDIUM_M else 0
+        return recipe, _split_k(_tiles(1, n, 2), k, num_sms, SMALL_M_WAVES)
     if m <= SMALL_M:
-        return 2, _split_k(_tiles(max(m, 1), n, 2), k, num_sms)
+        return 2, _split_k(_tiles(max(m, 1), n, 2), k, num_sms, SMALL_M_WAVES)
     if m <= MEDIUM_M:
         tiles = _tiles(m, n, 1)
         return 1, (_split_k(tiles, k, num_sms) if tiles < num_sms and k >= MEDIUM_SPLIT_MIN_K else 1)

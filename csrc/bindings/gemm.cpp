@@ -1,0 +1,317 @@
+// Stable-ABI registration of the GEMM ops: validate every argument, pack GemmParams, launch the plan given.
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include "bindings/stable_helpers.h"
+#include "kernels/gemm/gemm.h"
+
+namespace astrai {
+namespace {
+
+using binding::check;
+using binding::fail;
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+constexpr const char* kOp = "astrai.quant_gemm";
+constexpr const char* kOpOut = "astrai.quant_gemm_out";
+constexpr int64_t kMaxSplitK = 64;
+constexpr int64_t kMaxGridYZ = 65535;
+const char* const kLayoutNames[] = {"nt", "nn", "tn", "tt"};
+
+struct PairInfo {
+  ScalarType a, b;
+  GemmPair pair;
+  const char* group;
+};
+constexpr PairInfo kPairs[] = {
+    {ScalarType::BFloat16, ScalarType::BFloat16, GemmPair::kBf16Bf16, "w16a16"},
+    {ScalarType::Half, ScalarType::Half, GemmPair::kF16F16, "w16a16"},
+    {ScalarType::BFloat16, ScalarType::Char, GemmPair::kBf16S8, "w8a16"},
+    {ScalarType::Half, ScalarType::Char, GemmPair::kF16S8, "w8a16"},
+    {ScalarType::Char, ScalarType::Char, GemmPair::kS8S8, "w8a8"},
+    {ScalarType::Float8_e4m3fn, ScalarType::Float8_e4m3fn, GemmPair::kE4m3E4m3, "fp8"},
+    {ScalarType::Float8_e5m2, ScalarType::Float8_e4m3fn, GemmPair::kE5m2E4m3, "fp8"},
+    {ScalarType::Float8_e4m3fn, ScalarType::Float8_e5m2, GemmPair::kE4m3E5m2, "fp8"},
+};
+
+struct Problem {
+  GemmParams p{};
+  GemmPair pair{};
+  std::vector<int64_t> out_shape;
+  ScalarType out_dtype{};
+};
+
+const PairInfo* find_pair(ScalarType a, ScalarType b) {
+  for (const PairInfo& info : kPairs) {
+    if (info.a == a && info.b == b) return &info;
+  }
+  return nullptr;
+}
+
+std::string pairs_str() {
+  std::ostringstream s;
+  for (size_t i = 0; i < sizeof(kPairs) / sizeof(kPairs[0]); ++i) {
+    s << (i ? ", " : "") << "(" << binding::dtype_name(kPairs[i].a) << ", " << binding::dtype_name(kPairs[i].b)
+      << ")";
+  }
+  return s.str();
+}
+
+// An operand: rank 2 [rows, K] or 3 [B, rows, K], K-contiguous, 16-byte aligned base and row / batch strides.
+void check_operand(const char* op, const char* name, const Tensor& t, const char* rows) {
+  check(t.dim() == 2 || t.dim() == 3, op, name, " must be 2-D [", rows, ", K] or 3-D [B, ", rows, ", K], got ",
+        t.dim(), "-D with shape ", binding::shape_str(t));
+  binding::check_strides(op, name, t);
+  if (t.numel() == 0) return;  // nothing is read (K = 0 or an empty M / N): any strides do
+  const int64_t es = t.element_size();
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    check(t.size(d) <= 1 || (t.stride(d) * es) % 16 == 0, op, name,
+          " needs strides that are multiples of 16 bytes outside its last dimension, got strides ",
+          binding::strides_str(t), " (", es, "-byte elements) for shape ", binding::shape_str(t),
+          "; pad K or pass .contiguous() of a padded copy");
+  }
+  check(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
+        " must start at a 16-byte aligned address (a view at an offset that is not a multiple of 16 bytes): "
+        "pass .clone()");
+}
+
+// A scale: float32, contiguous, 1 value or `count` values in one of the accepted shapes.
+bool check_scale(const char* op, const char* name, const Tensor& s, int64_t count, const char* what, bool col) {
+  binding::check_dtype(op, name, s, ScalarType::Float);
+  const int64_t n = s.numel();
+  bool shape_ok = s.dim() == 0 || (s.dim() == 1 && (n == 1 || n == count));
+  if (s.dim() == 2) {
+    shape_ok = (s.size(0) == count && s.size(1) == 1) || (col && s.size(0) == 1 && s.size(1) == count);
+  }
+  check(shape_ok && (n == 1 || n == count), op, name, " must hold 1 value or ", count, " (", what,
+        "): shape [], [1], [", count, "]", col ? ", [N, 1] or [1, N]" : " or [M, 1]", ", got shape ",
+        binding::shape_str(s));
+  if (n > 1) {
+    const int64_t inner = s.dim() == 2 ? (s.size(1) == 1 ? s.stride(0) : s.stride(1)) : s.stride(0);
+    check(inner == 1, op, name, " must be contiguous, got strides ", binding::strides_str(s));
+  }
+  binding::check_element_aligned(op, name, s);
+  return n > 1;  // one value per row / column
+}
+
+Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
+                     const std::optional<Tensor>& b_scale, const std::optional<Tensor>& bias, ScalarType out_dtype,
+                     int64_t layout, int64_t recipe, int64_t split_k) {
+  Problem pr;
+  const PairInfo* info = find_pair(a.scalar_type(), b.scalar_type());
+  check(info != nullptr, op, "(a, b) dtypes must be one of ", pairs_str(), ", got (",
+        binding::dtype_name(a.scalar_type()), ", ", binding::dtype_name(b.scalar_type()), ")");
+  pr.pair = info->pair;
+  check(layout >= 0 && layout <= 3, op, "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got ", layout);
+  check(layout == 0, op, "layout '", kLayoutNames[layout],
+        "' is not implemented by the CUDA kernels yet (only 'nt': a [M, K], b [N, K], both K-contiguous); pass the "
+        "operands as [M, K] and [N, K] (for example b.t().contiguous()) or use the torch path");
+  check_operand(op, "a", a, "M");
+  check_operand(op, "b", b, "N");
+  const int64_t K = a.size(a.dim() - 1);
+  check(b.size(b.dim() - 1) == K, op, "b.size(-1) must equal K = a.size(-1) = ", K, " (layout nt: b is [N, K]), got ",
+        b.size(b.dim() - 1), " (b shape ", binding::shape_str(b), ")");
+  const int64_t M = a.size(a.dim() - 2), N = b.size(b.dim() - 2);
+  const int64_t ba = a.dim() == 3 ? a.size(0) : 1, bb = b.dim() == 3 ? b.size(0) : 1;
+  check(ba == bb || ba == 1 || bb == 1, op, "batch sizes must match or one must be 1 (broadcast), got a ",
+        binding::shape_str(a), " and b ", binding::shape_str(b));
+  const int64_t B = ba > bb ? ba : bb;
+  check(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && B <= INT32_MAX, op,
+        "M, N, K and the batch must fit in int32, got M=", M, ", N=", N, ", K=", K, ", B=", B);
+
+  const bool is_s8 = info->pair == GemmPair::kS8S8;
+  const bool is_w16 = info->pair == GemmPair::kBf16Bf16 || info->pair == GemmPair::kF16F16;
+  const bool is_w8a16 = info->pair == GemmPair::kBf16S8 || info->pair == GemmPair::kF16S8;
+  const bool raw = out_dtype == ScalarType::Int;
+  check(out_dtype == ScalarType::BFloat16 || out_dtype == ScalarType::Half || out_dtype == ScalarType::Float ||
+            (raw && is_s8),
+        op, "out_dtype must be bfloat16, float16 or float32 (int32 only for int8 x int8), got ",
+        binding::dtype_name(out_dtype), " for (", binding::dtype_name(info->a), ", ", binding::dtype_name(info->b),
+        ")");
+  if (raw) {
+    check(!a_scale && !b_scale && !bias, op,
+          "out_dtype int32 returns the raw int32 accumulators: a_scale, b_scale and bias must be None");
+  } else if (is_s8) {
+    check(a_scale.has_value(), op, "a_scale is required for int8 a (1 value or M values), got None");
+    check(b_scale.has_value(), op, "b_scale is required for int8 b (1 value or N values), got None");
+  } else if (is_w8a16) {
+    check(!a_scale, op, "a_scale must be None for ", binding::dtype_name(info->a), " a (w8a16 scales the weight only)");
+    check(b_scale.has_value(), op, "b_scale is required for int8 b (per channel: N values, or 1), got None");
+  } else if (is_w16) {
+    check(!a_scale && !b_scale, op, "a_scale and b_scale must be None for ", binding::dtype_name(info->a),
+          " operands");
+  }
+  const bool a_rows = a_scale ? check_scale(op, "a_scale", *a_scale, M, "per tensor or per row of a", false) : false;
+  const bool b_cols = b_scale ? check_scale(op, "b_scale", *b_scale, N, "per tensor or per column of the output", true)
+                              : false;
+  GemmBias bias_kind = GemmBias::kNone;
+  if (bias) {
+    const ScalarType bt = bias->scalar_type();
+    check(bt == ScalarType::BFloat16 || bt == ScalarType::Half || bt == ScalarType::Float, op,
+          "bias must be bfloat16, float16 or float32, got ", binding::dtype_name(bt));
+    check(bias->dim() == 1 && bias->size(0) == N, op, "bias must be 1-D [N] with N = ", N, ", got shape ",
+          binding::shape_str(*bias));
+    check(N <= 1 || bias->stride(0) == 1, op, "bias must be contiguous, got strides ", binding::strides_str(*bias));
+    binding::check_element_aligned(op, "bias", *bias);
+    bias_kind = bt == ScalarType::BFloat16 ? GemmBias::kBf16 : bt == ScalarType::Half ? GemmBias::kF16 : GemmBias::kF32;
+  }
+
+  check(recipe >= 0 && recipe < kGemmRecipes, op, "recipe must be in [0, ", kGemmRecipes, "), got ", recipe);
+  check(split_k >= 1 && split_k <= kMaxSplitK, op, "split_k must be in [1, ", kMaxSplitK, "], got ", split_k);
+  const int64_t tm = gemm_recipe_tile_m(int(recipe));
+  check((M + tm - 1) / tm <= kMaxGridYZ, op, "M = ", M, " needs more than ", kMaxGridYZ, " tiles of ", tm,
+        " rows for recipe ", recipe, ": pick recipe 0 or split the call");
+  check(B * split_k <= kMaxGridYZ, op, "batch * split_k must be <= ", kMaxGridYZ, ", got ", B, " * ", split_k);
+
+  GemmParams& p = pr.p;
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.a_scale = a_scale ? static_cast<const float*>(a_scale->data_ptr()) : nullptr;
+  p.b_scale = b_scale ? static_cast<const float*>(b_scale->data_ptr()) : nullptr;
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  p.a_row_stride = M > 1 ? a.stride(a.dim() - 2) : 0;
+  p.b_row_stride = N > 1 ? b.stride(b.dim() - 2) : 0;
+  p.a_batch_stride = a.dim() == 3 && ba > 1 ? a.stride(0) : 0;
+  p.b_batch_stride = b.dim() == 3 && bb > 1 ? b.stride(0) : 0;
+  p.m = int32_t(M);
+  p.n = int32_t(N);
+  p.k = int32_t(K);
+  p.batch = int32_t(B);
+  p.split_k = int32_t(split_k);
+  p.a_scale_per_row = a_rows ? 1 : 0;
+  p.b_scale_per_col = b_cols ? 1 : 0;
+  p.out_dtype = out_dtype == ScalarType::BFloat16 ? GemmOut::kBf16
+                : out_dtype == ScalarType::Half   ? GemmOut::kF16
+                : out_dtype == ScalarType::Float  ? GemmOut::kF32
+                                                  : GemmOut::kS32;
+  p.bias_dtype = bias_kind;
+  pr.out_dtype = out_dtype;
+  pr.out_shape = a.dim() == 3 || b.dim() == 3 ? std::vector<int64_t>{B, M, N} : std::vector<int64_t>{M, N};
+  return pr;
+}
+
+// Last, so that a CPU call reports every other problem first.
+void check_devices(const char* op, const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
+                   const std::optional<Tensor>& b_scale, const std::optional<Tensor>& bias, const Tensor* out) {
+  binding::check_cuda_device(op, "a", a);
+  binding::check_same_device(op, "b", b, "a", a);
+  if (a_scale) binding::check_same_device(op, "a_scale", *a_scale, "a", a);
+  if (b_scale) binding::check_same_device(op, "b_scale", *b_scale, "a", a);
+  if (bias) binding::check_same_device(op, "bias", *bias, "a", a);
+  if (out) binding::check_same_device(op, "out", *out, "a", a);
+}
+
+// quant_gemm_out's out: the output's shape, unit inner stride, no overlapping elements.
+void check_out(const Problem& pr, const Tensor& out) {
+  const std::string want = binding::list_str(pr.out_shape);
+  bool same = out.dim() == int64_t(pr.out_shape.size());
+  for (size_t d = 0; same && d < pr.out_shape.size(); ++d) same = out.size(int64_t(d)) == pr.out_shape[d];
+  check(same, kOpOut, "out must have shape ", want, ", got ", binding::shape_str(out));
+  binding::check_strides(kOpOut, "out", out);
+  check(binding::strides_non_overlapping(out), kOpOut, "out must not have overlapping elements, got strides ",
+        binding::strides_str(out));
+  binding::check_element_aligned(kOpOut, "out", out);
+}
+
+void set_out(Problem& pr, const Tensor& out) {
+  GemmParams& p = pr.p;
+  p.out = out.data_ptr();
+  p.out_row_stride = p.m > 1 ? out.stride(out.dim() - 2) : 0;
+  p.out_batch_stride = out.dim() == 3 && p.batch > 1 ? out.stride(0) : 0;
+}
+
+std::string config_str(const Problem& pr, int64_t recipe, int32_t device_index) {
+  std::ostringstream s;
+  s << "quant_gemm (pair " << int(pr.pair) << ", B=" << pr.p.batch << ", M=" << pr.p.m << ", N=" << pr.p.n
+    << ", K=" << pr.p.k << ", recipe " << recipe << ", split_k " << pr.p.split_k << ", device=cuda:" << device_index
+    << ")";
+  return s.str();
+}
+
+void run(const char* op, Problem& pr, const Tensor& a, int64_t recipe) {
+  if (pr.p.m == 0 || pr.p.n == 0 || pr.p.batch == 0) return;
+  const char* why = gemm_unsupported(pr.pair, int(recipe));
+  check(why == nullptr, op, why ? why : "");
+  Tensor workspace;
+  const int64_t ws = gemm_workspace_bytes(pr.p);
+  if (ws > 0) {
+    workspace = torch::stable::new_empty(a, {ws / 4}, ScalarType::Float);
+    pr.p.workspace = workspace.data_ptr();
+  }
+  const int32_t device = a.get_device_index();
+  const cudaStream_t stream = binding::current_cuda_stream(op, device);
+  binding::check_cuda_status(gemm_launch(pr.p, pr.pair, int(recipe), stream), op, config_str(pr, recipe, device));
+}
+
+Tensor quant_gemm_cuda(const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
+                       const std::optional<Tensor>& b_scale, const std::optional<Tensor>& bias, ScalarType out_dtype,
+                       int64_t layout, int64_t recipe, int64_t split_k) {
+  Problem pr = make_problem(kOp, a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k);
+  check_devices(kOp, a, b, a_scale, b_scale, bias, nullptr);
+  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+  Tensor out = torch::stable::new_empty(a, pr.out_shape, out_dtype);
+  set_out(pr, out);
+  run(kOp, pr, a, recipe);
+  return out;
+}
+
+void quant_gemm_out_cuda(const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
+                         const std::optional<Tensor>& b_scale, const std::optional<Tensor>& bias, int64_t layout,
+                         int64_t recipe, int64_t split_k, Tensor out) {
+  Problem pr = make_problem(kOpOut, a, b, a_scale, b_scale, bias, out.scalar_type(), layout, recipe, split_k);
+  check_out(pr, out);
+  check_devices(kOpOut, a, b, a_scale, b_scale, bias, &out);
+  torch::stable::accelerator::DeviceGuard guard(a.get_device_index());
+  set_out(pr, out);
+  run(kOpOut, pr, a, recipe);
+}
+
+// CPU: the same validation, so that every message is testable without a GPU; valid inputs then fail the device
+// check inside make_problem. The final fail() only guards against a future change there.
+Tensor quant_gemm_cpu(const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
+                      const std::optional<Tensor>& b_scale, const std::optional<Tensor>& bias, ScalarType out_dtype,
+                      int64_t layout, int64_t recipe, int64_t split_k) {
+  make_problem(kOp, a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k);
+  check_devices(kOp, a, b, a_scale, b_scale, bias, nullptr);
+  fail(kOp, "a must be a CUDA tensor, got ", binding::device_name(a));
+}
+
+void quant_gemm_out_cpu(const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
+                        const std::optional<Tensor>& b_scale, const std::optional<Tensor>& bias, int64_t layout,
+                        int64_t recipe, int64_t split_k, Tensor out) {
+  check_out(make_problem(kOpOut, a, b, a_scale, b_scale, bias, out.scalar_type(), layout, recipe, split_k), out);
+  check_devices(kOpOut, a, b, a_scale, b_scale, bias, &out);
+  fail(kOpOut, "a must be a CUDA tensor, got ", binding::device_name(a));
+}
+
+}  // namespace
+}  // namespace astrai
+
+// Schemas: docs/contracts.md, "GEMM ops". FRAGMENT: other families register into `astrai` too.
+STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
+  m.def(
+      "quant_gemm(Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias, ScalarType out_dtype, "
+      "int layout, int recipe, int split_k) -> Tensor");
+  m.def(
+      "quant_gemm_out(Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias, int layout, int recipe, "
+      "int split_k, Tensor(a!) out) -> ()");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
+  m.impl("quant_gemm", TORCH_BOX(&astrai::quant_gemm_cuda));
+  m.impl("quant_gemm_out", TORCH_BOX(&astrai::quant_gemm_out_cuda));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
+  m.impl("quant_gemm", TORCH_BOX(&astrai::quant_gemm_cpu));
+  m.impl("quant_gemm_out", TORCH_BOX(&astrai::quant_gemm_out_cpu));
+}

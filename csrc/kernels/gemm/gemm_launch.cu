@@ -1,0 +1,60 @@
+// The GEMM family's launcher: recipe facts, what this image cannot run, and the launch of a given plan.
+#include <cstdint>
+
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/sm80_groups.h"
+
+namespace astrai {
+
+namespace {
+constexpr int kTileM[kGemmRecipes] = {128, 64, 16};
+constexpr int kTileN[kGemmRecipes] = {128, 128, 64};
+
+bool is_fp8(GemmPair pair) {
+  return pair == GemmPair::kE4m3E4m3 || pair == GemmPair::kE5m2E4m3 || pair == GemmPair::kE4m3E5m2;
+}
+}  // namespace
+
+int gemm_recipe_tile_m(int recipe) { return recipe >= 0 && recipe < kGemmRecipes ? kTileM[recipe] : 0; }
+int gemm_recipe_tile_n(int recipe) { return recipe >= 0 && recipe < kGemmRecipes ? kTileN[recipe] : 0; }
+
+int gemm_k_tile(GemmPair pair) {
+  // 128 bytes of a b row (sm80_gemm.cuh)
+  return pair == GemmPair::kBf16Bf16 || pair == GemmPair::kF16F16 ? 64 : 128;
+}
+
+const char* gemm_unsupported(GemmPair pair, int recipe) {
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1 or 2";
+  if (!is_fp8(pair)) return nullptr;
+  DeviceFacts facts{};
+  if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
+  if (facts.cc_major * 10 + facts.cc_minor < 89) return "fp8 operands need an sm_89 or newer GPU";
+  int ptx = 0;
+  if (gemm::sm80_fp8_code_arch(&ptx) != cudaSuccess) return "this image has no fp8 GEMM code for this GPU";
+  // A compute_80 PTX image JIT-compiled here has no fp8 mma (the cell compiles to nothing below sm_89).
+  if (ptx < 89) return "this image runs compute_80 code on this GPU, which has no fp8 mma (sm_89+ code needed)";
+  return nullptr;
+}
+
+int64_t gemm_workspace_bytes(const GemmParams& p) {
+  if (p.split_k <= 1) return 0;
+  return int64_t(p.batch) * p.split_k * p.m * p.n * 4;  // fp32 or s32 partials
+}
+
+cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream) {
+  const int k_tiles = ceil_div(p.k, gemm_k_tile(pair));
+  p.k_tiles_per_split = ceil_div(k_tiles, p.split_k);
+  switch (pair) {
+    case GemmPair::kBf16Bf16:
+    case GemmPair::kF16F16: return gemm::sm80_launch_w16a16(p, pair, recipe, stream);
+    case GemmPair::kBf16S8:
+    case GemmPair::kF16S8: return gemm::sm80_launch_w8a16(p, pair, recipe, stream);
+    case GemmPair::kS8S8: return gemm::sm80_launch_w8a8(p, pair, recipe, stream);
+    default: return gemm::sm80_launch_fp8(p, pair, recipe, stream);
+  }
+}
+
+}  // namespace astrai

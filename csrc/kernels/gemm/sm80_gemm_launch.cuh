@@ -1,0 +1,65 @@
+// Host side of the portable mainloop: the launch of one (pair, recipe) and of the split-K reduction. Each
+// gemm_sm80_<group>.cu instantiates it for its pairs, so the translation units compile in parallel.
+#pragma once
+
+#include <atomic>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/gemm/sm80_gemm.cuh"
+
+namespace astrai {
+namespace gemm {
+
+// The opt-in shared-memory size is a per-device attribute of each kernel: set once per device (bit d of `done`).
+template <class Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
+  int device = 0;
+  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? (uint64_t(1) << device) : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
+
+template <class Pair, class R>
+cudaError_t launch_recipe(const GemmParams& p, cudaStream_t stream) {
+  using S = Shape<Pair, R>;
+  static std::atomic<uint64_t> smem_set{0};
+  auto* kernel = &gemm_sm80_kernel<Pair, R>;
+  ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
+  const dim3 grid(unsigned(ceil_div(p.n, R::kBN)), unsigned(ceil_div(p.m, R::kBM)), unsigned(p.batch * p.split_k));
+  kernel<<<grid, R::kThreads, S::kSmemBytes, stream>>>(p);
+  ASTRAI_CUDA_TRY(cudaGetLastError());
+  if (p.split_k > 1) {
+    const int64_t total = int64_t(p.m) * p.n * p.batch;
+    gemm_reduce_kernel<typename Pair::Acc><<<unsigned(ceil_div<int64_t>(total, 256)), 256, 0, stream>>>(p);
+    ASTRAI_CUDA_TRY(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+template <class Pair>
+cudaError_t launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
+  switch (recipe) {
+    case 0: return launch_recipe<Pair, RecipeM128N128>(p, stream);
+    case 1: return launch_recipe<Pair, RecipeM64N128>(p, stream);
+    case 2: return launch_recipe<Pair, RecipeM16N64>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// ptxVersion of the code this image runs for (Pair, recipe 0) on the current device (80 for the compute_80 PTX).
+template <class Pair>
+cudaError_t code_arch(int* ptx_version) {
+  cudaFuncAttributes attr{};
+  ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, &gemm_sm80_kernel<Pair, RecipeM128N128>));
+  *ptx_version = attr.ptxVersion;
+  return cudaSuccess;
+}
+
+}  // namespace gemm
+}  // namespace astrai

@@ -1,0 +1,20 @@
+// The portable mainloop's instantiation units, one per pair group (gemm_sm80_<group>.cu), as gemm_launch.cu calls
+// them. Each returns cudaErrorInvalidValue for a pair or recipe it does not hold.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/gemm/params.h"
+
+namespace astrai {
+namespace gemm {
+
+cudaError_t sm80_launch_w16a16(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a16(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_fp8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+// The PTX arch (ptxVersion) of the fp8 code this image runs on the current device: < 89 has no fp8 mma.
+cudaError_t sm80_fp8_code_arch(int* ptx_version);
+
+}  // namespace gemm
+}  // namespace astrai

@@ -1,0 +1,196 @@
+"""Tier 1 (GPU): quant_gemm's portable mainloop against the float64 reference, every pair and recipe, awkward
+shapes, split-K, scales and bias, batch broadcast; exact cases (int8 x int8, and w8a16 / w16a16 on small integers,
+where every product and sum is exact in the accumulator); poisoned outputs; determinism and CUDA-graph replay
+bitwise, with negative controls; batch invariance of the batch_invariant plan; fp8 refused where the image has no
+fp8 mma (the PTX-80 image); opcheck.
+
+Runs under whatever image the loader picks; ASTRAI_IMAGE=ptx80 / ptx89 runs the sm_80 / sm_89 code paths here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference.gemm import quant_gemm as reference
+from support.bitwise import assert_bitwise_equal, assert_detects_perturbation
+
+from astrai.extension import loader
+from astrai.extension.ops import gemm as ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_cuda_kernels("gemm")]
+
+DEVICE = "cuda"
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.bfloat16, torch.int8),
+         (torch.float16, torch.int8), (torch.int8, torch.int8), (E4, E4), (E5, E4), (E4, E5)]
+PAIR_IDS = ["bf16", "f16", "bf16-s8", "f16-s8", "s8", "e4m3", "e5m2-e4m3", "e4m3-e5m2"]
+SHAPES = [(1, 64, 16), (7, 130, 1008), (129, 257, 512), (1000, 300, 272)]  # (M, N, K): K rows 16-byte aligned
+
+
+def fp8_blocked() -> str | None:
+    """Why fp8 cannot run under this image (None when it can): the PTX-80 image has no fp8 mma."""
+    image = (loader.describe().get("chosen") or {}).get("image") or ""
+    cap = torch.cuda.get_device_capability()
+    if cap < (8, 9):
+        return "GPU below sm_89"
+    return "image ptx80" if image == "ptx80" else None
+
+
+def operand(dtype: torch.dtype, shape, *, small: bool = False) -> torch.Tensor:
+    """Fresh random values; small: integers in [-8, 8) (exact products and sums in every accumulator)."""
+    if small:
+        return torch.randint(-8, 8, shape, device=DEVICE).to(dtype)
+    if dtype == torch.int8:
+        return torch.randint(-128, 128, shape, device=DEVICE, dtype=torch.int8)
+    if dtype in (E4, E5):
+        return (torch.randn(shape, device=DEVICE) * 2).to(dtype)
+    return torch.randn(shape, device=DEVICE, dtype=dtype)
+
+
+def scales_for(ta, tb, m, n):
+    """The scales each pair takes (int8 sides required, fp8 optional: given here), per row / per channel."""
+    sa = torch.rand(m, device=DEVICE) + 0.5 if ta in (torch.int8, E4, E5) else None
+    sb = torch.rand(n, device=DEVICE) + 0.5 if tb in (torch.int8, E4, E5) else None
+    return sa, sb
+
+
+def skip_if_blocked(ta):
+    if ta in (E4, E5) and fp8_blocked():
+        pytest.skip(f"fp8: {fp8_blocked()} (test_fp8_refused covers the message)")
+
+
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).abs().max() / (want.abs().max() + 1e-30)).item()
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("recipe", sorted(ops.RECIPES))
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_matches_float64(pair, shape, recipe, split_k):
+    ta, tb = pair
+    skip_if_blocked(ta)
+    m, n, k = shape
+    a, b = operand(ta, (m, k)), operand(tb, (n, k))
+    sa, sb = scales_for(ta, tb, m, n)
+    bias = torch.randn(n, device=DEVICE) if split_k == 3 else None
+    y = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=torch.float32, plan=(recipe, split_k))
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
+    # fp32 accumulation over K of exact products: a few ulp of fp32 relative to the largest output
+    assert torch.isfinite(y).all() and rel_error(y, want) < 1e-5, rel_error(y, want)
+
+
+@pytest.mark.parametrize("pair", PAIRS[:5], ids=PAIR_IDS[:5])
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_exact_on_small_integers(pair, split_k):
+    ta, tb = pair
+    m, n, k = 37, 72, 784
+    a, b = operand(ta, (m, k), small=True), operand(tb, (n, k), small=True)
+    ones_a = torch.ones(m, device=DEVICE) if ta == torch.int8 else None
+    ones_b = torch.ones(n, device=DEVICE) if tb == torch.int8 else None
+    y = ops.quant_gemm(a, b, a_scale=ones_a, b_scale=ones_b, out_dtype=torch.float32, plan=(2, split_k))
+    assert torch.equal(y.double(), reference(a, b))
+
+
+@pytest.mark.parametrize("split_k", [1, 5])
+def test_int8_raw_int32_exact(split_k):
+    a, b = operand(torch.int8, (33, 784)), operand(torch.int8, (45, 784))
+    y = ops.quant_gemm(a, b, out_dtype=torch.int32, plan=(1, split_k))
+    assert y.dtype == torch.int32
+    assert torch.equal(y.cpu().long(), a.cpu().long() @ b.cpu().long().T)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float16, torch.float32])
+def test_out_and_bias_dtypes(out_dtype, bias_dtype):
+    m, n, k = 50, 96, 256
+    a, b = operand(torch.bfloat16, (m, k)), operand(torch.int8, (n, k))
+    sb = torch.rand(n, device=DEVICE) + 0.5
+    bias = None if bias_dtype is None else torch.randn(n, device=DEVICE).to(bias_dtype)
+    y = ops.quant_gemm(a, b, b_scale=sb, bias=bias, out_dtype=out_dtype)
+    want = reference(a, b, b_scale=sb, bias=bias)
+    assert y.dtype == out_dtype
+    # One rounding to the output type (half its ulp), plus the fp32 accumulation's own error over K.
+    assert rel_error(y, want) <= torch.finfo(out_dtype).eps / 2 + 1e-6
+
+
+@pytest.mark.parametrize("broadcast", ["a2d", "b2d", "both3d"])
+def test_batch_and_broadcast(broadcast):
+    B, m, n, k = 3, 40, 96, 128
+    a = operand(torch.bfloat16, (m, k) if broadcast == "a2d" else (B, m, k))
+    b = operand(torch.bfloat16, (n, k) if broadcast == "b2d" else (B, n, k))
+    y = ops.quant_gemm(a, b, out_dtype=torch.float32, plan=(1, 2))
+    want = reference(a.expand(B, m, k), b.expand(B, n, k))
+    assert y.shape == (B, m, n) and rel_error(y, want) < 1e-5
+
+
+def test_out_overwrites_every_element():
+    m, n, k = 129, 200, 272
+    a, b = operand(torch.bfloat16, (m, k)), operand(torch.bfloat16, (n, k))
+    out = torch.full((m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, out=out, plan=(0, 3))
+    assert torch.isfinite(out).all() and rel_error(out, reference(a, b)) < 1e-5
+
+
+def test_k_zero_and_empty():
+    a, b = operand(torch.bfloat16, (5, 0)), operand(torch.bfloat16, (7, 0))
+    bias = torch.randn(7, device=DEVICE)
+    assert torch.equal(ops.quant_gemm(a, b, bias=bias, out_dtype=torch.float32), bias.expand(5, 7))
+    assert torch.equal(ops.quant_gemm(a, b, out_dtype=torch.float32), torch.zeros(5, 7, device=DEVICE))
+    empty = ops.quant_gemm(operand(torch.bfloat16, (0, 64)), operand(torch.bfloat16, (7, 64)))
+    assert empty.shape == (0, 7)
+
+
+def test_repeatable_and_graph_replay_bitwise():
+    m, n, k = 16, 4096, 4096
+    a, b = operand(torch.bfloat16, (m, k)), operand(torch.int8, (n, k))
+    sb = torch.rand(n, device=DEVICE) + 0.5
+    first = ops.quant_gemm(a, b, b_scale=sb, plan=(2, 8))
+    assert_detects_perturbation(first)
+    assert_bitwise_equal(ops.quant_gemm(a, b, b_scale=sb, plan=(2, 8)), first, "repeat")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        ops.quant_gemm(a, b, b_scale=sb, plan=(2, 8))
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = ops.quant_gemm(a, b, b_scale=sb, plan=(2, 8))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, first, "graph replay")
+
+
+@pytest.mark.parametrize("pair", PAIRS[:5], ids=PAIR_IDS[:5])
+def test_batch_invariant_plan(pair):
+    """Row i of an M-row call equals the call on row i alone, bitwise, with batch_invariant=True: the split
+    depends on (N, K) only, and every recipe walks K in the same order."""
+    ta, tb = pair
+    n, k = 512, 4096
+    a, b = operand(ta, (1000, k)), operand(tb, (n, k))
+    sa, sb = scales_for(ta, tb, 1000, n)
+    full = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, batch_invariant=True)
+    for i in (0, 17, 999):
+        row = ops.quant_gemm(a[i:i + 1], b, a_scale=None if sa is None else sa[i:i + 1], b_scale=sb,
+                             batch_invariant=True)
+        assert_bitwise_equal(row, full[i:i + 1], f"row {i}")
+
+
+def test_fp8_refused():
+    if not fp8_blocked():
+        pytest.skip("fp8 runs under this image (test_matches_float64 covers it)")
+    a, b = operand(E4, (16, 64)), operand(E4, (16, 64))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*fp8"):
+        ops.quant_gemm(a, b)
+
+
+def test_layouts_other_than_nt_refused_by_the_kernels():
+    a, b = operand(torch.bfloat16, (16, 64)), operand(torch.bfloat16, (64, 32))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: layout 'nn' is not implemented"):
+        ops.quant_gemm(a, b, layout="nn")
+
+
+def test_opcheck():
+    a, b = operand(torch.bfloat16, (9, 64)), operand(torch.int8, (24, 64))
+    sb = torch.rand(24, device=DEVICE) + 0.5
+    ops.load()
+    torch.library.opcheck(torch.ops.astrai.quant_gemm.default,
+                          (a, b, None, sb, None, torch.bfloat16, 0, 2, 2))
