@@ -5,13 +5,15 @@
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/sm80_gemm.cuh"
 #include "kernels/gemm/sm80_groups.h"
 
 namespace astrai {
 
 namespace {
-constexpr int kTileM[kGemmRecipes] = {128, 64, 16};
-constexpr int kTileN[kGemmRecipes] = {128, 128, 64};
+// In recipe-id order, as gemm::launch_pair (sm80_gemm_launch.cuh) maps the ids to types.
+constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM};
+constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN};
 
 bool is_fp8(GemmPair pair) {
   return pair == GemmPair::kE4m3E4m3 || pair == GemmPair::kE5m2E4m3 || pair == GemmPair::kE4m3E5m2;
@@ -22,8 +24,12 @@ int gemm_recipe_tile_m(int recipe) { return recipe >= 0 && recipe < kGemmRecipes
 int gemm_recipe_tile_n(int recipe) { return recipe >= 0 && recipe < kGemmRecipes ? kTileN[recipe] : 0; }
 
 int gemm_k_tile(GemmPair pair) {
-  // 128 bytes of a b row (sm80_gemm.cuh)
-  return pair == GemmPair::kBf16Bf16 || pair == GemmPair::kF16F16 ? 64 : 128;
+  // The kernel's own K tile (128 bytes of a b row): 16-bit b for w16a16, 8-bit b for every other pair.
+  static_assert(gemm::PairBf16Bf16::kKTile == gemm::PairF16F16::kKTile, "one K tile per b width");
+  static_assert(gemm::PairBf16S8::kKTile == gemm::PairS8S8::kKTile &&
+                    gemm::PairS8S8::kKTile == gemm::PairE4m3E4m3::kKTile,
+                "one K tile per b width");
+  return pair == GemmPair::kBf16Bf16 || pair == GemmPair::kF16F16 ? gemm::PairBf16Bf16::kKTile : gemm::PairS8S8::kKTile;
 }
 
 const char* gemm_unsupported(GemmPair pair, int recipe) {
