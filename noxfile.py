@@ -431,9 +431,10 @@ def sanitize(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """Tier 4 on a GPU: every pytest-benchmark suite in tests/bench (rotary, quantize, attention; sized for
-    <= 150 s on an H200) -> gpu-out/bench.json (needs pytest-benchmark). Outside a git tree set
-    ASTRAI_GIT_COMMIT to name the commit (else the image's recorded git revision is used)."""
+    """Tier 4 on a GPU: every pytest-benchmark suite in tests/bench (rotary, quantize, attention, gemm's gated
+    subset; sized for <= 240 s on an H200; ASTRAI_BENCH_GEMM=full for gemm's whole grid) -> gpu-out/bench.json
+    (needs pytest-benchmark). Outside a git tree set ASTRAI_GIT_COMMIT to name the commit (else the image's
+    recorded git revision is used)."""
     os.makedirs(GPU_OUT, exist_ok=True)
     session.run("python", "-m", "pytest", "tests/bench", "--benchmark-only",
                 f"--benchmark-json={os.path.join(GPU_OUT, 'bench.json')}", *session.posargs,

@@ -1,6 +1,7 @@
 """Developer probe of the gemm family on a GPU (not a gated suite): correctness of every pair x recipe x split on
 awkward shapes against float64, then CUDA-graph timings (GPU time per call) against cuBLAS bf16 (F.linear) and
-torch._int_mm on the Llama shapes, the recipe-0 large-M table and a split-K sweep of the weight stream.
+torch._int_mm on the Llama shapes, the recipe-0 large-M table and a split-K sweep of the weight stream. The gated
+timings are tests/bench/test_bench_gemm.py's (bench_gemm.py).
 
     python tests/bench/probe_gemm.py          (with the image that serves this GPU; docs/benchmarks.md, GEMM)
 """

@@ -205,6 +205,7 @@ def test_stored_baselines_name_exactly_the_suites_cases():
     """Each family's committed H200 baseline (where one exists) names exactly its pytest-benchmark suite's cases."""
     sys.path.insert(0, str(ROOT / "tests" / "bench"))
     import test_bench_attention as attention
+    import test_bench_gemm as gemm
     import test_bench_quantize as quantize
     suites = {  # case-name prefix: the suite's cases under it
         "quantize.": {quantize.case_id(c, m, n) for m, n in quantize.SHAPES for c in quantize.bench_quantize.CASES},
@@ -212,6 +213,7 @@ def test_stored_baselines_name_exactly_the_suites_cases():
                               for k in attention.DECODE_KINDS},
         "attention.prefill[": {attention.prefill_case_id(b, n, c, k) for b, n, c in attention.PREFILL_SHAPES
                                for k in attention.PREFILL_KINDS},
+        "gemm.": {gemm.case_id(*c) for c in gemm.cases("default")},  # recorded from the gated subset
     }
     baseline = bench_gate.load_baseline(BASELINE)
     checked = 0
