@@ -22,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_bench_gate import pytest_benchmark_json  # noqa: E402
+from test_cu_harness import registered_tests  # noqa: E402
 
 # Every family's stored H200 baseline: a fake run with all of them passes the gate.
 BASELINE = {case: rec for f in sorted((ROOT / "benchmarks" / "baselines" / "h200").glob("*.json"))
@@ -140,7 +141,9 @@ def test_the_summary_says_where_the_dashboard_is_rendered(tmp_path):
 
 # ---- cu-tests on a copied tree: the ctest registration records another machine's paths ------------------
 
-TESTS = ("rotary_test", "quantize_test", "attn_test", "attn_paged_test", "attn_prefill_test")
+# The standalone tests by family, read from csrc/CMakeLists.txt's TESTS clauses: every registered one travels.
+TEST_FAMILY = registered_tests()
+TESTS = tuple(sorted(TEST_FAMILY))
 
 
 def copied_tree(tmp_path: Path, failing: str = "", register: bool = True) -> Path:
@@ -157,7 +160,7 @@ def copied_tree(tmp_path: Path, failing: str = "", register: bool = True) -> Pat
         _executable(build / "tests" / test,
                     f"#!/bin/sh\necho \"{test} $*\" >> {tmp_path}/ran.log\nexit {1 if test == failing else 0}\n")
         binary = f"/elsewhere/repo/build/py3-none-linux_x86_64/tests/{test}"
-        family = test.split("_")[0].replace("attn", "attention")
+        family = TEST_FAMILY[test]
         for name, extra in ((test, ""), (f"{test}.small", ' "--small"')):
             lines.append(f'add_test([=[{name}]=] "{binary}"{extra})')
             lines.append(f'set_tests_properties([=[{name}]=] PROPERTIES  LABELS "cu-test;{family}" TIMEOUT "300" '
