@@ -220,6 +220,12 @@ void check_out(const Problem& pr, const Tensor& out) {
   check(binding::strides_non_overlapping(out), kOpOut, "out must not have overlapping elements, got strides ",
         binding::strides_str(out));
   binding::check_element_aligned(kOpOut, "out", out);
+  // The epilogue stores two adjacent elements at once where their offset is even: a base on an odd element would
+  // make those stores misaligned.
+  const int64_t pair_bytes = 2 * int64_t(out.element_size());
+  check(reinterpret_cast<uintptr_t>(out.data_ptr()) % pair_bytes == 0, kOpOut, "out must start at an address aligned to ",
+        pair_bytes, " bytes (two elements), got one at ", reinterpret_cast<uintptr_t>(out.data_ptr()) % pair_bytes,
+        " bytes past it (a view starting at an odd element, e.g. out[:, 1:]): pass a tensor of its own or an even offset");
 }
 
 void set_out(Problem& pr, const Tensor& out) {

@@ -246,3 +246,7 @@ def test_out_op_refuses_a_wrong_out():
     a, b = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"^astrai.quant_gemm_out: out must have shape \[4, 8\], got \[4, 9\]"):
         torch.ops.astrai.quant_gemm_out(a, b, None, None, None, 0, 0, 1, torch.zeros(4, 9))
+    # A view that starts at an odd element: the epilogue's paired stores would be misaligned.
+    with pytest.raises(RuntimeError, match=r"^astrai.quant_gemm_out: out must start at an address aligned to 4 bytes"):
+        torch.ops.astrai.quant_gemm_out(a, b, None, None, None, 0, 0, 1,
+                                        torch.zeros(4, 10, dtype=torch.bfloat16)[:, 1:9])
