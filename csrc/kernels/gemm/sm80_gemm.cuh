@@ -49,9 +49,9 @@ struct PairTraits {
 ASTRAI_GEMM_MMA(MmaBf16, mma_bf16_16816, float)
 ASTRAI_GEMM_MMA(MmaF16, mma_f16_16816, float)
 ASTRAI_GEMM_MMA(MmaS8, mma_s8_16832, int32_t)
-ASTRAI_GEMM_MMA(MmaE4m3, mma_e4m3_16832, float)
-ASTRAI_GEMM_MMA(MmaE5m2E4m3, mma_e5m2_e4m3_16832, float)
-ASTRAI_GEMM_MMA(MmaE4m3E5m2, mma_e4m3_e5m2_16832, float)
+ASTRAI_GEMM_MMA(MmaE4m3, mma_e4m3_16832_full_rate, float)  // the block-scale form on sm_120a
+ASTRAI_GEMM_MMA(MmaE5m2E4m3, mma_e5m2_e4m3_16832_full_rate, float)
+ASTRAI_GEMM_MMA(MmaE4m3E5m2, mma_e4m3_e5m2_16832_full_rate, float)
 #undef ASTRAI_GEMM_MMA
 
 using PairBf16Bf16 = PairTraits<__nv_bfloat16, __nv_bfloat16, Kind::k16, float, MmaBf16>;

@@ -1,5 +1,5 @@
 // mma.sync tensor-core cells, one warp each: bf16 / fp16 m16n8k16 (sm_80+), s8 m16n8k32 (sm_80+), fp8 m16n8k32
-// (sm_89+).
+// (sm_89+; the block-scale form on sm_120a).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,30 @@ ASTRAI_MMA_CELL(mma_e4m3_16832, float, "f", "m16n8k32.row.col.f32.e4m3.e4m3.f32"
 ASTRAI_MMA_CELL(mma_e5m2_16832, float, "f", "m16n8k32.row.col.f32.e5m2.e5m2.f32", 890)
 ASTRAI_MMA_CELL(mma_e5m2_e4m3_16832, float, "f", "m16n8k32.row.col.f32.e5m2.e4m3.f32", 890)
 ASTRAI_MMA_CELL(mma_e4m3_e5m2_16832, float, "f", "m16n8k32.row.col.f32.e4m3.e5m2.f32", 890)
+
+// The fp8 cells a GEMM should call: on sm_120a (RTX 50xx) the plain fp8 mma above decodes at half rate, the
+// block-scale form (kind::mxf8f6f4, one UE8M0 scale per row of A / column of B per 32 k) at full rate with the
+// same fragments; every scale 0x7F (2^0) makes it the plain product. Every other pass: the plain cell. The scale
+// operands are {scale word}, {byte selector, thread selector}: all lanes hold 0x7F7F7F7F, so any selection reads
+// a unit scale.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM120_ALL)
+#define ASTRAI_MMA_FP8_FULL_RATE(name, types, plain)                                                               \
+  __device__ __forceinline__ void name(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {        \
+    asm("mma.sync.aligned.kind::mxf8f6f4.block_scale.scale_vec::1X.m16n8k32.row.col.f32." types ".f32.ue8m0 "     \
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}, {%10}, {%11, %11}, {%10}, {%11, %11};\n"  \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                          \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0x7F7F7F7Fu), "n"(0));                \
+  }
+#else
+#define ASTRAI_MMA_FP8_FULL_RATE(name, types, plain)                                                               \
+  __device__ __forceinline__ void name(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {        \
+    plain(d, a, b0, b1);                                                                                         \
+  }
+#endif
+ASTRAI_MMA_FP8_FULL_RATE(mma_e4m3_16832_full_rate, "e4m3.e4m3", mma_e4m3_16832)
+ASTRAI_MMA_FP8_FULL_RATE(mma_e5m2_e4m3_16832_full_rate, "e5m2.e4m3", mma_e5m2_e4m3_16832)
+ASTRAI_MMA_FP8_FULL_RATE(mma_e4m3_e5m2_16832_full_rate, "e4m3.e5m2", mma_e4m3_e5m2_16832)
+#undef ASTRAI_MMA_FP8_FULL_RATE
 
 #undef ASTRAI_MMA_CELL
 #undef ASTRAI_MMA_CELL_ASM
