@@ -66,18 +66,24 @@ std::string pairs_str() {
   return s.str();
 }
 
-// An operand: rank 2 [rows, K] or 3 [B, rows, K], K-contiguous, 16-byte aligned base and row / batch strides.
-void check_operand(const char* op, const char* name, const Tensor& t, const char* rows) {
-  check(t.dim() == 2 || t.dim() == 3, op, name, " must be 2-D [", rows, ", K] or 3-D [B, ", rows, ", K], got ",
-        t.dim(), "-D with shape ", binding::shape_str(t));
-  binding::check_strides(op, name, t);
+// An operand as `layout` stores it: rank 2 (`dims`, e.g. "[K, M]") or 3 ([B, ...]); stride 1 on its last dim
+// (K for a K-major operand, M or N for a MN-major one); 16-byte aligned base and other strides.
+void check_operand(const char* op, const char* name, const Tensor& t, const char* dims, const char* layout) {
+  check(t.dim() == 2 || t.dim() == 3, op, name, " must be 2-D ", dims, " or 3-D [B, ", dims + 1, " (layout '", layout,
+        "'), got ", t.dim(), "-D with shape ", binding::shape_str(t));
+  const int64_t last = t.dim() - 1;
   if (t.numel() == 0) return;  // nothing is read (K = 0 or an empty M / N): any strides do
+  check(t.size(last) <= 1 || t.stride(last) == 1, op, name, " must have stride 1 in its last dimension (layout '",
+        layout, "' stores ", name, " as ", dims, "), got strides ", binding::strides_str(t), " for shape ",
+        binding::shape_str(t), ": pass ", name, ".contiguous(), or the layout that matches how ", name,
+        " is stored (its transpose flips the operand's letter)");
+  binding::check_strides(op, name, t);
   const int64_t es = t.element_size();
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+  for (int64_t d = 0; d < last; ++d) {
     check(t.size(d) <= 1 || (t.stride(d) * es) % 16 == 0, op, name,
           " needs strides that are multiples of 16 bytes outside its last dimension, got strides ",
           binding::strides_str(t), " (", es, "-byte elements) for shape ", binding::shape_str(t),
-          "; pad K or pass .contiguous() of a padded copy");
+          "; pad the last dimension to a multiple of ", 16 / es, " elements (a view of the padded tensor works)");
   }
   check(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
         " must start at a 16-byte aligned address (a view at an offset that is not a multiple of 16 bytes): "
@@ -112,15 +118,19 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
         binding::dtype_name(a.scalar_type()), ", ", binding::dtype_name(b.scalar_type()), ")");
   pr.pair = info->pair;
   check(layout >= 0 && layout <= 3, op, "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got ", layout);
-  check(layout == 0, op, "layout '", kLayoutNames[layout],
-        "' is not implemented by the CUDA kernels yet (only 'nt': a [M, K], b [N, K], both K-contiguous); pass the "
-        "operands as [M, K] and [N, K] (for example b.t().contiguous()) or use the torch path");
-  check_operand(op, "a", a, "M");
-  check_operand(op, "b", b, "N");
-  const int64_t K = a.size(a.dim() - 1);
-  check(b.size(b.dim() - 1) == K, op, "b.size(-1) must equal K = a.size(-1) = ", K, " (layout nt: b is [N, K]), got ",
-        b.size(b.dim() - 1), " (b shape ", binding::shape_str(b), ")");
-  const int64_t M = a.size(a.dim() - 2), N = b.size(b.dim() - 2);
+  const char* lname = kLayoutNames[layout];
+  const bool a_t = lname[0] == 't', b_n = lname[1] == 'n';  // MN-major a ([K, M]), MN-major b ([K, N])
+  const char* a_dims = a_t ? "[K, M]" : "[M, K]";
+  const char* b_dims = b_n ? "[K, N]" : "[N, K]";
+  check_operand(op, "a", a, a_dims, lname);
+  check_operand(op, "b", b, b_dims, lname);
+  const int64_t K = a.size(a.dim() - (a_t ? 2 : 1));
+  const int64_t M = a.size(a.dim() - (a_t ? 1 : 2));
+  const int64_t b_k_dim = b.dim() - (b_n ? 2 : 1);
+  check(b.size(b_k_dim) == K, op, "b.size(", b_n ? -2 : -1, ") must equal K = a.size(", a_t ? -2 : -1, ") = ", K,
+        " (layout ", lname, ": a is ", a_dims, ", b is ", b_dims, "), got ", b.size(b_k_dim), " (b shape ",
+        binding::shape_str(b), ")");
+  const int64_t N = b.size(b.dim() - (b_n ? 1 : 2));
   const int64_t ba = a.dim() == 3 ? a.size(0) : 1, bb = b.dim() == 3 ? b.size(0) : 1;
   check(ba == bb || ba == 1 || bb == 1, op, "batch sizes must match or one must be 1 (broadcast), got a ",
         binding::shape_str(a), " and b ", binding::shape_str(b));
@@ -168,8 +178,12 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
   check(recipe >= 0 && recipe < kGemmRecipes, op, "recipe must be in [0, ", kGemmRecipes, "), got ", recipe);
   check(split_k >= 1 && split_k <= kMaxSplitK, op, "split_k must be in [1, ", kMaxSplitK, "], got ", split_k);
   const int64_t tm = gemm_recipe_tile_m(int(recipe));
-  check((M + tm - 1) / tm <= kMaxGridYZ, op, "M = ", M, " needs more than ", kMaxGridYZ, " tiles of ", tm,
-        " rows for recipe ", recipe, ": pick recipe 0 or split the call");
+  // The grid's rows tile M, or N where the layout runs as y^T = b a (gemm_swaps_operands).
+  const bool swaps = gemm_swaps_operands(info->pair, GemmLayout(layout));
+  const int64_t grid_rows = swaps ? N : M;
+  check((grid_rows + tm - 1) / tm <= kMaxGridYZ, op, swaps ? "N = " : "M = ", grid_rows, " needs more than ",
+        kMaxGridYZ, " tiles of ", tm, " rows for recipe ", recipe,
+        swaps ? " (layout tt runs as y^T = b a)" : "", ": pick recipe 0 or split the call");
   check(B * split_k <= kMaxGridYZ, op, "batch * split_k must be <= ", kMaxGridYZ, ", got ", B, " * ", split_k);
 
   GemmParams& p = pr.p;
@@ -178,8 +192,9 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
   p.a_scale = a_scale ? static_cast<const float*>(a_scale->data_ptr()) : nullptr;
   p.b_scale = b_scale ? static_cast<const float*>(b_scale->data_ptr()) : nullptr;
   p.bias = bias ? bias->data_ptr() : nullptr;
-  p.a_row_stride = M > 1 ? a.stride(a.dim() - 2) : 0;
-  p.b_row_stride = N > 1 ? b.stride(b.dim() - 2) : 0;
+  // The stride between stored rows (m or n rows when K-major, k rows when MN-major); unread with one row.
+  p.a_row_stride = a.size(a.dim() - 2) > 1 ? a.stride(a.dim() - 2) : 0;
+  p.b_row_stride = b.size(b.dim() - 2) > 1 ? b.stride(b.dim() - 2) : 0;
   p.a_batch_stride = a.dim() == 3 && ba > 1 ? a.stride(0) : 0;
   p.b_batch_stride = b.dim() == 3 && bb > 1 ? b.stride(0) : 0;
   p.m = int32_t(M);
@@ -194,6 +209,7 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
                 : out_dtype == ScalarType::Float  ? GemmOut::kF32
                                                   : GemmOut::kS32;
   p.bias_dtype = bias_kind;
+  p.layout = GemmLayout(layout);
   pr.out_dtype = out_dtype;
   pr.out_shape = a.dim() == 3 || b.dim() == 3 ? std::vector<int64_t>{B, M, N} : std::vector<int64_t>{M, N};
   return pr;
@@ -237,15 +253,15 @@ void set_out(Problem& pr, const Tensor& out) {
 
 std::string config_str(const Problem& pr, int64_t recipe, int32_t device_index) {
   std::ostringstream s;
-  s << "quant_gemm (pair " << int(pr.pair) << ", B=" << pr.p.batch << ", M=" << pr.p.m << ", N=" << pr.p.n
-    << ", K=" << pr.p.k << ", recipe " << recipe << ", split_k " << pr.p.split_k << ", device=cuda:" << device_index
-    << ")";
+  s << "quant_gemm (pair " << int(pr.pair) << ", layout " << kLayoutNames[int(pr.p.layout)] << ", B=" << pr.p.batch
+    << ", M=" << pr.p.m << ", N=" << pr.p.n << ", K=" << pr.p.k << ", recipe " << recipe << ", split_k "
+    << pr.p.split_k << ", device=cuda:" << device_index << ")";
   return s.str();
 }
 
 void run(const char* op, Problem& pr, const Tensor& a, int64_t recipe) {
   if (pr.p.m == 0 || pr.p.n == 0 || pr.p.batch == 0) return;
-  const char* why = gemm_unsupported(pr.pair, int(recipe));
+  const char* why = gemm_unsupported(pr.pair, pr.p.layout, int(recipe));
   check(why == nullptr, op, why ? why : "");
   Tensor workspace;
   const int64_t ws = gemm_workspace_bytes(pr.p);

@@ -107,8 +107,46 @@ def test_plan_for_cpu_is_the_safe_default():
     assert ops.plan_for(a, b, ops.LAYOUTS["nt"], False) == (0, 1)
 
 
+def test_swapped_layouts():
+    """"tt" runs as y^T = b a on the "nn" kernel for every pair but w8a16 (no (int8, 16-bit) pair)."""
+    for pair in ops.PAIRS:
+        for name, code in ops.LAYOUTS.items():
+            assert ops.runs_swapped(pair, code) == (name == "tt" and pair != "w8a16")
+
+
+# (M, N, K) of a swapped "tt" -> its plan on 132 SMs: the recipe follows N (the kernel's rows); a grid under one
+# wave splits K to fill it (capped by 1024 of K per split and 16 splits).
+SWAPPED_PLANS = {
+    (16, 4096, 4096): (0, 4),      # 32 tiles of 128 x 128 (16 columns used): x4 fills a wave
+    (1, 4096, 16384): (0, 8),      # 32 tiles: x8 reaches a wave (256 CTAs)
+    (1, 64, 4096): (1, 4),         # N = 64 rows: recipe 1, one tile, split capped at K / 1024
+    (4096, 4096, 4096): (0, 1),    # 1024 tiles: no split
+    (300, 2048, 1024): (0, 1),     # 48 tiles but K too short to split
+}
+
+
+@pytest.mark.parametrize("case", list(SWAPPED_PLANS), ids=str)
+def test_swapped_layout_planned_as_the_kernel_sees_it(case):
+    m, n, k = case
+    shape = ops.Problem(None, m, n, k, k)
+    assert ops.plan_problem(ops.LAYOUTS["tt"], shape, "fp8", 132, False) == SWAPPED_PLANS[case]
+    # w8a16's tt is native: planned as nt would be
+    assert ops.plan_problem(ops.LAYOUTS["tt"], shape, "w8a16", 132, False) == ops.builtin_plan(m, n, k, "w8a16", 132)
+
+
+def test_swapped_layout_batch_invariant_split_follows_n_and_k():
+    for n, k in ((4096, 4096), (128, 2048), (65536, 4096)):
+        plans = {m: ops.plan_problem(ops.LAYOUTS["tt"], ops.Problem(None, m, n, k, k), "fp8", 132, True)
+                 for m in (1, 16, 300, 4096)}
+        assert len({split for _, split in plans.values()}) == 1, plans
+        assert plans[1][1] == ops.builtin_plan(1, n, k, "fp8", 132, batch_invariant=True)[1]
+        assert len({recipe for recipe, _ in plans.values()}) == 1  # the recipe follows N too
+
+
 def test_data():
     assert ops.LAYOUTS == {"nt": 0, "nn": 1, "tn": 2, "tt": 3}
+    assert ops.LAYOUT_DIMS == {"nt": ("[M, K]", "[N, K]"), "nn": ("[M, K]", "[K, N]"), "tn": ("[K, M]", "[K, N]"),
+                               "tt": ("[K, M]", "[N, K]")}
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
         "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64)}
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
@@ -125,6 +163,7 @@ FAKE_SHAPES = [
     ("tn", (7, 3), (7, 5), (3, 5)), ("tt", (7, 3), (5, 7), (3, 5)),
     ("nt", (2, 3, 7), (5, 7), (2, 3, 5)), ("nn", (3, 7), (2, 7, 5), (2, 3, 5)),
     ("tt", (2, 7, 3), (2, 5, 7), (2, 3, 5)), ("nt", (0, 7), (5, 7), (0, 5)),
+    ("tn", (2, 7, 3), (7, 5), (2, 3, 5)), ("tn", (7, 0), (7, 5), (0, 5)),
 ]
 
 _test_lib = None
@@ -209,7 +248,32 @@ def _bad_calls():
         ("batch", t(2, 4, 64), t(3, 8, 64), None, None, None, bf, 0, 0, 1, r"batch sizes must match or one"),
         ("stride", t(4, 68)[:, :64], t(8, 64), None, None, None, bf, 0, 0, 1, r"a needs strides that are multiples"),
         ("base", t(4, 72)[:, 1:65], t(8, 64), None, None, None, bf, 0, 0, 1, r"a must start at a 16-byte aligned"),
-        ("layout", t(4, 64), t(64, 8), None, None, None, bf, 1, 0, 1, r"layout 'nn' is not implemented"),
+        ("layout_code", t(4, 64), t(8, 64), None, None, None, bf, 4, 0, 1, r"layout must be 0 \(nt\), 1 \(nn\)"),
+        # Per layout: K read from the right dim, the contiguous dim, row strides, base pointers, ranks.
+        ("nn_k", t(4, 64), t(32, 8), None, None, None, bf, 1, 0, 1,
+         r"b.size\(-2\) must equal K = a.size\(-1\) = 64 \(layout nn: a is \[M, K\], b is \[K, N\]\), got 32"),
+        ("tn_k", t(64, 8), t(32, 8), None, None, None, bf, 2, 0, 1,
+         r"b.size\(-2\) must equal K = a.size\(-2\) = 64 \(layout tn: a is \[K, M\], b is \[K, N\]\)"),
+        ("tt_k", t(64, 8), t(8, 32), None, None, None, bf, 3, 0, 1,
+         r"b.size\(-1\) must equal K = a.size\(-2\) = 64 \(layout tt: a is \[K, M\], b is \[N, K\]\)"),
+        ("tn_rank", t(64), t(64, 8), None, None, None, bf, 2, 0, 1, r"a must be 2-D \[K, M\] or 3-D \[B, K, M\]"),
+        ("tn_transposed_view", t(16, 64).t(), t(64, 8), None, None, None, bf, 2, 0, 1,
+         r"a must have stride 1 in its last dimension \(layout 'tn' stores a as \[K, M\]\), got strides \[1, 64\]"
+         r".*pass a.contiguous\(\)"),
+        ("nn_b_transposed_view", t(4, 64), t(8, 64).t(), None, None, None, bf, 1, 0, 1,
+         r"b must have stride 1 in its last dimension \(layout 'nn' stores b as \[K, N\]\)"),
+        ("nn_b_rows", t(4, 64), t(64, 12), None, None, None, bf, 1, 0, 1,
+         r"b needs strides that are multiples of 16 bytes .*got strides \[12, 1\].*pad the last dimension to a "
+         r"multiple of 8 elements"),
+        ("tt_a_rows_s8", t(64, 20, dtype=s8), t(8, 64, dtype=s8), torch.ones(20), one, None, bf, 3, 0, 1,
+         r"a needs strides that are multiples of 16 bytes .*multiple of 16 elements"),
+        ("tn_a_batch", t(2100).as_strided((2, 64, 16), (1028, 16, 1)), t(64, 8), None, None, None, bf, 2, 0, 1,
+         r"a needs strides that are multiples of 16 bytes .*got strides \[1028, 16, 1\]"),
+        ("tt_base", t(64, 24)[:, 1:9], t(8, 64), None, None, None, bf, 3, 0, 1, r"a must start at a 16-byte aligned"),
+        ("tn_scale_m", t(64, 16, dtype=e4), t(64, 16, dtype=e4), torch.ones(64), None, None, bf, 2, 0, 1,
+         r"a_scale must hold 1 value or 16"),
+        ("tn_cpu", t(64, 8), t(64, 8), None, None, None, bf, 2, 0, 1, r"a must be a CUDA tensor, got cpu"),
+        ("tt_cpu_view", t(64, 16)[:, :4], t(8, 64), None, None, None, bf, 3, 0, 1, r"a must be a CUDA tensor, got cpu"),
         ("missing_b_scale", t(4, 64), t(8, 64, dtype=s8), None, None, None, bf, 0, 0, 1, r"b_scale is required"),
         ("forbidden_a_scale", t(4, 64), t(8, 64, dtype=s8), one, one, None, bf, 0, 0, 1, r"a_scale must be None"),
         ("w16_scales", t(4, 64), t(8, 64), None, one, None, bf, 0, 0, 1, r"a_scale and b_scale must be None"),

@@ -82,7 +82,7 @@ def test_fp8_upcast_matmul_on_cpu():
 
 
 @pytest.mark.parametrize("batched", ["a", "b", "both", "expanded"])
-@pytest.mark.parametrize("layout", ["nt", "tn"])
+@pytest.mark.parametrize("layout", list(ops.LAYOUTS))
 def test_batch_broadcast(batched, layout):
     batch = 3
     a = stored(layout, "a", M, K, torch.int8, batch if batched in ("a", "both") else None)
@@ -222,6 +222,26 @@ def test_validation_out_and_layout():
         quant_gemm(a, b, plan=(0, 0), path="torch", **kw)
 
 
+# Per layout: K from the right dim of each operand, and the rank message naming the layout's dims.
+LAYOUT_INVALID = {
+    "nn": ((M, K), (K + 1, N), r"b must be \[K, N\] with K = 48 \(a's K, layout 'nn'\), got shape \[49, 12\]"),
+    "tn": ((K, M), (K + 1, N), r"b must be \[K, N\] with K = 48 \(a's K, layout 'tn'\)"),
+    "tt": ((K, M), (N, K + 1), r"b must be \[N, K\] with K = 48 \(a's K, layout 'tt'\)"),
+    "nt": ((M, K), (N, K + 1), r"b must be \[N, K\] with K = 48 \(a's K, layout 'nt'\)"),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUT_INVALID))
+def test_validation_per_layout(layout):
+    a_shape, b_shape, message = LAYOUT_INVALID[layout]
+    a, b = operand(torch.bfloat16, *a_shape), operand(torch.bfloat16, *b_shape)
+    with pytest.raises(ValueError, match="^quant_gemm: " + message):
+        quant_gemm(a, b, layout=layout, path="torch")
+    want_a = ops.LAYOUT_DIMS[layout][0]
+    with pytest.raises(ValueError, match=rf"^quant_gemm: a must be 2-D \{want_a[:-1]}\] .*layout '{layout}'"):
+        quant_gemm(operand(torch.bfloat16, K), b, layout=layout, path="torch")
+
+
 def test_validation_runs_on_every_path():
     """A call invalid on the torch path is invalid on the automatic one too, before any choice."""
     kw = _valid(a_scale=None)
@@ -262,3 +282,16 @@ def test_memory_rule_of_the_kernels():
     assert not backend._aligned(base.t())                                  # inner stride 4
     assert not backend._aligned(base[:, 1:9])                              # base pointer off by 2 bytes
     assert backend._aligned(base.unsqueeze(0).expand(3, 4, 16))            # batch stride 0 broadcasts
+    # MN-major operands ("t" a, "n" b) follow the same rule on their own last dim (M or N): a view of the
+    # columns of a padded tensor qualifies, a transposed view does not.
+    assert backend._aligned(torch.zeros(64, 16, dtype=torch.bfloat16)[:, :7])
+    assert not backend._aligned(torch.zeros(64, 7, dtype=torch.bfloat16))
+    assert not backend._aligned(torch.zeros(16, 64, dtype=torch.int8).t())
+
+
+def test_no_layout_blocks_the_kernels():
+    """Every layout has kernels: the blocker's reasons never name a layout (on the CPU the device comes first)."""
+    a, b = operand(torch.bfloat16, K, M), operand(torch.bfloat16, K, N)
+    for layout in ops.LAYOUTS:
+        reason = backend._cuda_blocker(a, b, (), None, check_available=False, layout=layout)
+        assert reason == "a is on cpu, not a CUDA device"

@@ -5,8 +5,9 @@ The kernels (`astrai.extension.ops.gemm`) run when all of these hold, checked in
 1. a and b are CUDA tensors;
 2. no gradient is needed: grad mode is off, or none of a, b, the scales and bias requires grad (the kernels
    have no backward);
-3. the memory layout suits the kernels: a, b (and out) have last-dim stride 1, their other strides are
-   multiples of 16 bytes and their base pointers are 16-byte aligned;
+3. the memory layout suits the kernels: a, b (and out) have last-dim stride 1 (K, or M / N for an operand
+   stored transposed: every layout has kernels), their other strides are multiples of 16 bytes and their base
+   pointers are 16-byte aligned;
 4. an image serves the gemm family here (`loader.family_available("gemm")`).
 
 Both paths run the same validation first (`validate`, in Python, mirroring the op's rules), so a call valid on
@@ -16,7 +17,7 @@ The torch path is the contract's math: the operands are upcast (exactly) and mul
 accumulator, int8 x int8 exactly in integers (float64 or int64 on the CPU, int32 through `torch._int_mm` on
 CUDA where its shape rules allow, else float64) and wrapped to int32 as the kernels' accumulator wraps; then
 `acc * sa[m] * sb[n] + bias[n]` in float32, cast once to the output dtype. It is the reference-grade fallback
-on the CPU and for layouts the kernels do not take.
+on the CPU and for memory layouts the kernels do not take.
 
 `path="cuda"` forces the kernels and raises with the reason when they cannot run; `path="torch"` forces the
 torch path; `select_path(...)` says which one `path="auto"` takes.
@@ -46,8 +47,7 @@ def _shape(t: torch.Tensor) -> list[int]:
 
 
 def _operand_shapes(layout: int) -> tuple[str, str]:
-    name = ops.LAYOUT_NAMES[layout]
-    return ("[M, K]" if name[0] == "n" else "[K, M]"), ("[K, N]" if name[1] == "n" else "[N, K]")
+    return ops.LAYOUT_DIMS[ops.LAYOUT_NAMES[layout]]
 
 
 def _check_operands(fn: str, a: torch.Tensor, b: torch.Tensor, layout: int) -> ops.Problem:
@@ -177,8 +177,6 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             return f"{name} is on {t.device}, not a CUDA device"
-    if layout != "nt":
-        return f"layout {layout!r}: the kernels take 'nt' only so far (a [M, K], b [N, K])"
     if a.dtype in FP8 and torch.cuda.get_device_capability(a.device) < (8, 9):
         return "fp8 operands need an sm_89 or newer GPU"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, *others)):
@@ -186,7 +184,8 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
     for name, t in (("a", a), ("b", b), ("out", out)):
         if t is not None and t.numel() and not _aligned(t):
             return (f"{name} has strides {list(t.stride())} (or a base pointer) the kernels cannot take: last-dim "
-                    f"stride 1, other strides multiples of {ALIGN} bytes, {ALIGN}-byte aligned")
+                    f"stride 1, other strides multiples of {ALIGN} bytes, {ALIGN}-byte aligned (layout {layout!r}; "
+                    f"pass {name}.contiguous() or a padded copy)")
     if check_available and not _kernels_available():
         return "no image serves the gemm family here (python -m astrai.extension info says why)"
     return None

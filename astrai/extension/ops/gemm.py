@@ -39,9 +39,13 @@ OP = "astrai.quant_gemm"
 OP_OUT = "astrai.quant_gemm_out"
 
 # Layout name -> the op's `layout` int. First letter a, second b: "n" = a as [M, K] / b as [K, N],
-# "t" = stored transposed (a [K, M] / b [N, K]).
+# "t" = stored transposed (a [K, M] / b [N, K]). For a linear layer y = x W^T (x [T, in], W [out, in]): the
+# forward is "nt", dgrad dx = dy W is "nn", wgrad dW = dy^T x is "tn" (dy and x as stored, K = T).
 LAYOUTS = {"nt": 0, "nn": 1, "tn": 2, "tt": 3}
 LAYOUT_NAMES = {code: name for name, code in LAYOUTS.items()}
+# (a dims, b dims) of each layout as stored, without the optional batch dim.
+LAYOUT_DIMS = {"nt": ("[M, K]", "[N, K]"), "nn": ("[M, K]", "[K, N]"), "tn": ("[K, M]", "[K, N]"),
+               "tt": ("[K, M]", "[N, K]")}
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # Pair name -> the (a.dtype, b.dtype) pairs the kernels take.
@@ -84,6 +88,12 @@ SMALL_M_WAVES = 4
 def pair_of(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
     """The pair name ("w16a16", "w8a16", "w8a8", "fp8") of `(a_dtype, b_dtype)`, or None if unsupported."""
     return _PAIR_OF.get((a_dtype, b_dtype))
+
+
+def runs_swapped(pair: str, layout: int) -> bool:
+    """True when `layout` runs as `y^T = b a` on the "nn" kernel of the swapped pair: "tt" of every pair whose
+    (b, a) pair exists (all but w8a16, whose "tt" runs natively). The kernel's rows are then N, its columns M."""
+    return LAYOUT_NAMES.get(layout) == "tt" and pair != "w8a16"
 
 
 def layout_code(fn: str, layout: str) -> int:
@@ -202,12 +212,28 @@ def num_sms(device: torch.device) -> int:
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: bool) -> tuple[int, int]:
     """`builtin_plan` for these operands; `(0, 1)` (always launchable) when the call cannot be planned
-    (non-CUDA tensors, unsupported pair or ranks): the op then raises its own error."""
+    (non-CUDA tensors, unsupported pair or ranks): the op then raises its own error.
+
+    A swapped layout (`runs_swapped`) is planned as the kernel sees it, `[N, K] x [K, M]`; with
+    `batch_invariant` its split still comes from (N, K) alone."""
     pair = pair_of(a.dtype, b.dtype)
     if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
         return 0, 1
-    shape = problem(layout, a.shape, b.shape)
-    return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms(a.device), batch_invariant=batch_invariant)
+    return plan_problem(layout, problem(layout, a.shape, b.shape), pair, num_sms(a.device), batch_invariant)
+
+
+def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_invariant: bool) -> tuple[int, int]:
+    """`plan_for`'s rule on sizes: `builtin_plan` of the problem as the kernel sees it (M and N exchanged for a
+    swapped layout). A swapped layout's grid under one wave (a small M: few columns of tiles) splits K to fill
+    one; its batch-invariant split still follows the output's (N, K) alone."""
+    if not runs_swapped(pair, layout):
+        return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=batch_invariant)
+    recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms)
+    if batch_invariant:
+        split = builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=True)[1]
+    elif split == 1 and _tiles(shape.n, max(shape.m, 1), recipe) < num_sms:
+        split = _split_k(_tiles(shape.n, max(shape.m, 1), recipe), shape.k_a, num_sms)
+    return recipe, split
 
 
 def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = None,
@@ -219,9 +245,12 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     Parameters
     ----------
     a, b : Tensor
-        CUDA operands of a pair in `PAIRS`, shaped per `layout` ("nt": a `[M, K]`, b `[N, K]`), each optionally
+        CUDA operands of a pair in `PAIRS`, shaped per `layout` (`LAYOUT_DIMS`: "nt" a `[M, K]`, b `[N, K]`;
+        "nn" a `[M, K]`, b `[K, N]`; "tn" a `[K, M]`, b `[K, N]`; "tt" a `[K, M]`, b `[N, K]`), each optionally
         with a leading batch dim `[B, ...]` (a 2-D operand or a batch stride of 0 broadcasts). Last-dim stride
-        1, other strides multiples of 16 bytes, base pointers 16-byte aligned.
+        1, other strides multiples of 16 bytes, base pointers 16-byte aligned: views qualify (e.g. the columns
+        `[:, :m]` of a padded tensor), a transposed view does not (pass its `.contiguous()`, or the layout that
+        matches its storage).
     a_scale, b_scale : Tensor, optional
         float32, contiguous: a's `[]`, `[1]`, `[M]` or `[M, 1]`; b's `[]`, `[1]`, `[N]`, `[N, 1]` or `[1, N]`.
         Which are required or allowed depends on the pair (docs/contracts.md).
@@ -231,6 +260,8 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
         bf16, fp16 or fp32; int32 for w8a8 without scales or bias (raw accumulators). Ignored with `out`,
         whose dtype is the output's.
     layout : {"nt", "nn", "tn", "tt"}
+        How a and b are stored (above). Every pair runs every layout; "tt" runs as `y^T = b a` where the
+        swapped pair exists (`runs_swapped`), with the same results' contract.
     out : Tensor, optional
         Written in place (`quant_gemm_out`) and returned.
     plan : (int, int), optional
@@ -248,6 +279,8 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     >>> w = torch.randint(-127, 128, (4096, 4096), device="cuda", dtype=torch.int8)
     >>> x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
     >>> y = quant_gemm(x, w, b_scale=torch.full((4096,), 0.01, device="cuda"))   # [8, 4096] bf16
+    >>> dy = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    >>> dx = quant_gemm(dy, w.to(torch.bfloat16), layout="nn")                    # dy [M, N] @ w [N, K]: [8, 4096]
     """
     load()
     code = layout_code(OP, layout)

@@ -32,8 +32,9 @@ int gemm_k_tile(GemmPair pair) {
   return pair == GemmPair::kBf16Bf16 || pair == GemmPair::kF16F16 ? gemm::PairBf16Bf16::kKTile : gemm::PairS8S8::kKTile;
 }
 
-const char* gemm_unsupported(GemmPair pair, int recipe) {
+const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
   if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1 or 2";
+  if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
   if (!is_fp8(pair)) return nullptr;
   DeviceFacts facts{};
   if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
@@ -50,9 +51,67 @@ int64_t gemm_workspace_bytes(const GemmParams& p) {
   return int64_t(p.batch) * p.split_k * p.m * p.n * 4;  // fp32 or s32 partials
 }
 
+namespace {
+// (b, a) as a pair: what y^T = b a runs on; false when no kernel takes it (w8a16's (int8, 16-bit)).
+bool swapped_pair(GemmPair pair, GemmPair* swapped) {
+  switch (pair) {
+    case GemmPair::kBf16S8:
+    case GemmPair::kF16S8: return false;
+    case GemmPair::kE5m2E4m3: *swapped = GemmPair::kE4m3E5m2; return true;
+    case GemmPair::kE4m3E5m2: *swapped = GemmPair::kE5m2E4m3; return true;
+    default: *swapped = pair; return true;
+  }
+}
+
+cudaError_t launch_other_layout(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream) {
+  const bool nn = p.layout == GemmLayout::kNN;
+  switch (pair) {
+    case GemmPair::kBf16Bf16:
+    case GemmPair::kF16F16:
+      return nn ? gemm::sm80_launch_w16a16_nn(p, pair, recipe, stream)
+                : gemm::sm80_launch_w16a16_tn(p, pair, recipe, stream);
+    case GemmPair::kBf16S8:
+    case GemmPair::kF16S8:
+      if (p.layout == GemmLayout::kTT) return gemm::sm80_launch_w8a16_tt(p, pair, recipe, stream);
+      return nn ? gemm::sm80_launch_w8a16_nn(p, pair, recipe, stream)
+                : gemm::sm80_launch_w8a16_tn(p, pair, recipe, stream);
+    case GemmPair::kS8S8:
+      return nn ? gemm::sm80_launch_w8a8_nn(p, pair, recipe, stream)
+                : gemm::sm80_launch_w8a8_tn(p, pair, recipe, stream);
+    default:
+      return nn ? gemm::sm80_launch_fp8_nn(p, pair, recipe, stream) : gemm::sm80_launch_fp8_tn(p, pair, recipe, stream);
+  }
+}
+}  // namespace
+
+bool gemm_swaps_operands(GemmPair pair, GemmLayout layout) {
+  GemmPair swapped{};
+  return layout == GemmLayout::kTT && swapped_pair(pair, &swapped);
+}
+
 cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream) {
   const int k_tiles = ceil_div(p.k, gemm_k_tile(pair));
   p.k_tiles_per_split = ceil_div(k_tiles, p.split_k);
+  p.transpose_out = 0;
+  GemmPair swapped{};
+  if (p.layout == GemmLayout::kTT && swapped_pair(pair, &swapped)) {
+    // tt: y^T = b a with b [n][k] as the K-major a and a [k][m] as the MN-major b, i.e. the nn kernel. Scales, bias
+    // and out keep y's orientation (the kernel transposes its stores). The K tile is the same: both pairs' b width
+    // is a's (equal widths in every swappable pair).
+    GemmParams q = p;
+    q.a = p.b;
+    q.b = p.a;
+    q.a_row_stride = p.b_row_stride;
+    q.b_row_stride = p.a_row_stride;
+    q.a_batch_stride = p.b_batch_stride;
+    q.b_batch_stride = p.a_batch_stride;
+    q.m = p.n;
+    q.n = p.m;
+    q.layout = GemmLayout::kNN;
+    q.transpose_out = 1;
+    return launch_other_layout(q, swapped, recipe, stream);
+  }
+  if (p.layout != GemmLayout::kNT) return launch_other_layout(p, pair, recipe, stream);
   switch (pair) {
     case GemmPair::kBf16Bf16:
     case GemmPair::kF16F16: return gemm::sm80_launch_w16a16(p, pair, recipe, stream);

@@ -18,13 +18,17 @@ enum class GemmPair : int32_t {
 };
 
 enum class GemmOut : int32_t { kBf16 = 0, kF16 = 1, kF32 = 2, kS32 = 3 };
+
+// How a and b are stored (the op's `layout` int): first letter a, second b; "n" = a [m][k] / b [k][n], "t" = a
+// [k][m] / b [n][k]. An operand is K-major (K contiguous: nt's a and b) or MN-major (M or N contiguous).
+enum class GemmLayout : int32_t { kNT = 0, kNN = 1, kTN = 2, kTT = 3 };
 enum class GemmBias : int32_t { kNone = 0, kBf16 = 1, kF16 = 2, kF32 = 3 };
 
-// y[b][m][n] = out(acc * a_scale[m] * b_scale[n] + bias[n]), acc = sum_k a[b][m][k] b[b][n][k]: both operands
-// K-contiguous (the "nt" layout). Strides in elements; a batch stride of 0 broadcasts that operand.
+// y[b][m][n] = out(acc * a_scale[m] * b_scale[n] + bias[n]), acc = sum_k a[b][m][k] b[b][n][k] with a and b stored
+// as `layout` says. Strides in elements; a batch stride of 0 broadcasts that operand.
 struct GemmParams {
-  const void* a;          // [batch][m][k], row stride a_row_stride
-  const void* b;          // [batch][n][k], row stride b_row_stride
+  const void* a;          // [batch][m][k] (layout nt, nn) or [batch][k][m] (tn, tt), stored-row stride a_row_stride
+  const void* b;          // [batch][n][k] (nt, tt) or [batch][k][n] (nn, tn), stored-row stride b_row_stride
   void* out;              // [batch][m][n], row stride out_row_stride, unit column stride
   void* workspace;        // split_k > 1: [batch * split_k][m][n] fp32 (s32 for kS8S8) partials, else null
   const float* a_scale;   // null, 1 value, or m values (a_scale_per_row)
@@ -40,6 +44,10 @@ struct GemmParams {
   int32_t b_scale_per_col;     // 1: b_scale has n values
   GemmOut out_dtype;
   GemmBias bias_dtype;
+  GemmLayout layout;
+  // 1: the launcher swapped a and b (with their strides, m and n) to run y^T = b a on the "nn" kernel; the kernel
+  // stores its (row, col) at the output's (col, row). Scales, bias and the out strides keep y's orientation.
+  int32_t transpose_out;
 };
 
 }  // namespace astrai

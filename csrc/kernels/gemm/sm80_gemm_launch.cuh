@@ -1,5 +1,5 @@
-// Host side of the portable mainloop: the launch of one (pair, recipe) and of the split-K reduction. Each
-// gemm_sm80_<group>.cu instantiates it for its pairs, so the translation units compile in parallel.
+// Host side of the portable mainloop: the launch of one (pair, recipe, operand majors) and of the split-K reduction.
+// Each gemm_sm80_<group>[_<layout>].cu instantiates it for its pairs, so the translation units compile in parallel.
 #pragma once
 
 #include <atomic>
@@ -9,6 +9,7 @@
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/gemm/sm80_gemm.cuh"
+#include "kernels/gemm/sm80_gemm_majors.cuh"
 
 namespace astrai {
 namespace gemm {
@@ -25,29 +26,44 @@ cudaError_t allow_smem(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
   return cudaSuccess;
 }
 
-template <class Pair, class R>
+// kAMn / kBMn: a / b MN-major (sm80_gemm_majors.cuh); both false is the nt kernel.
+template <class Pair, class R, bool kAMn, bool kBMn>
+constexpr auto kernel_for() {
+  if constexpr (kAMn || kBMn) {
+    return &gemm_sm80_majors_kernel<Pair, R, kAMn, kBMn>;
+  } else {
+    return &gemm_sm80_kernel<Pair, R>;
+  }
+}
+
+template <class Pair, class R, bool kAMn = false, bool kBMn = false>
 cudaError_t launch_recipe(const GemmParams& p, cudaStream_t stream) {
   using S = Shape<Pair, R>;
   static std::atomic<uint64_t> smem_set{0};
-  auto* kernel = &gemm_sm80_kernel<Pair, R>;
+  auto* kernel = kernel_for<Pair, R, kAMn, kBMn>();
   ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
   const dim3 grid(unsigned(ceil_div(p.n, R::kBN)), unsigned(ceil_div(p.m, R::kBM)), unsigned(p.batch * p.split_k));
   kernel<<<grid, R::kThreads, S::kSmemBytes, stream>>>(p);
   ASTRAI_CUDA_TRY(cudaGetLastError());
   if (p.split_k > 1) {
-    const int64_t total = int64_t(p.m) * p.n * p.batch;
-    gemm_reduce_kernel<typename Pair::Acc><<<unsigned(ceil_div<int64_t>(total, 256)), 256, 0, stream>>>(p);
+    GemmParams r = p;  // a transposed kernel left its partials in the output's orientation: reduce in that one
+    if (p.transpose_out) {
+      r.m = p.n;
+      r.n = p.m;
+    }
+    const int64_t total = int64_t(r.m) * r.n * r.batch;
+    gemm_reduce_kernel<typename Pair::Acc><<<unsigned(ceil_div<int64_t>(total, 256)), 256, 0, stream>>>(r);
     ASTRAI_CUDA_TRY(cudaGetLastError());
   }
   return cudaSuccess;
 }
 
-template <class Pair>
+template <class Pair, bool kAMn = false, bool kBMn = false>
 cudaError_t launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
   switch (recipe) {
-    case 0: return launch_recipe<Pair, RecipeM128N128>(p, stream);
-    case 1: return launch_recipe<Pair, RecipeM64N128>(p, stream);
-    case 2: return launch_recipe<Pair, RecipeM16N64>(p, stream);
+    case 0: return launch_recipe<Pair, RecipeM128N128, kAMn, kBMn>(p, stream);
+    case 1: return launch_recipe<Pair, RecipeM64N128, kAMn, kBMn>(p, stream);
+    case 2: return launch_recipe<Pair, RecipeM16N64, kAMn, kBMn>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

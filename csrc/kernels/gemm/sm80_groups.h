@@ -13,6 +13,17 @@ cudaError_t sm80_launch_w16a16(const GemmParams& p, GemmPair pair, int recipe, c
 cudaError_t sm80_launch_w8a16(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_w8a8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+// The other layouts (gemm_sm80_<group>_<layout>.cu). tt runs natively for w8a16 only: every other pair's tt is its
+// swapped pair's nn (gemm_launch.cu).
+cudaError_t sm80_launch_w16a16_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w16a16_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a16_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a16_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a16_tt(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a8_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_w8a8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_fp8_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm80_launch_fp8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 // The PTX arch (ptxVersion) of the fp8 code this image runs on the current device: < 89 has no fp8 mma.
 cudaError_t sm80_fp8_code_arch(int* ptx_version);
 

@@ -2,7 +2,9 @@
 shapes, split-K, scales and bias, batch broadcast; exact cases (int8 x int8, and w8a16 / w16a16 on small integers,
 where every product and sum is exact in the accumulator); poisoned outputs; determinism and CUDA-graph replay
 bitwise, with negative controls; batch invariance of the batch_invariant plan; fp8 refused where the image has no
-fp8 mma (the PTX-80 image); opcheck.
+fp8 mma (the PTX-80 image); opcheck. Layouts nn / tn / tt: every pair on awkward shapes and plans (operands as
+padded views where a row would not be 16-byte aligned), batch and broadcast, int32 exactness, poisoned outputs,
+determinism and batch invariance.
 
 Runs under whatever image the loader picks; ASTRAI_IMAGE=ptx80 / ptx89 runs the sm_80 / sm_89 code paths here.
 """
@@ -182,10 +184,118 @@ def test_fp8_refused():
         ops.quant_gemm(a, b)
 
 
-def test_layouts_other_than_nt_refused_by_the_kernels():
-    a, b = operand(torch.bfloat16, (16, 64)), operand(torch.bfloat16, (64, 32))
-    with pytest.raises(RuntimeError, match="astrai.quant_gemm: layout 'nn' is not implemented"):
-        ops.quant_gemm(a, b, layout="nn")
+# --- layouts nn, tn, tt --------------------------------------------------------------------------------------
+
+OTHER_LAYOUTS = ["nn", "tn", "tt"]
+# (M, N, K) with plans (recipe, split_k) spread over them: M in 1, 7, 129, 1000; N and K off the tiles; K = 16.
+LAYOUT_CASES = [((1, 64, 16), (2, 1)), ((1, 64, 16), (0, 2)), ((7, 130, 1008), (2, 3)), ((7, 130, 1008), (1, 1)),
+                ((129, 257, 512), (0, 2)), ((129, 257, 512), (1, 1)), ((1000, 300, 272), (0, 1)),
+                ((1000, 300, 272), (1, 2))]
+
+
+def stored(layout: str, which: str, rows: int, k: int, dtype: torch.dtype, *, batch: int | None = None,
+           small: bool = False) -> torch.Tensor:
+    """a ([M, K] or [K, M]) or b ([K, N] or [N, K]) as `layout` stores it (`rows` is M or N). A last dim whose rows
+    would not start 16 bytes apart is a view of a padded tensor, whose padding holds random values (read by
+    mistake, they would change the result)."""
+    transposed = layout[0] == "t" if which == "a" else layout[1] == "n"  # MN-major: [K, rows]
+    shape = (k, rows) if transposed else (rows, k)
+    last = shape[1]
+    per_16 = 16 // torch.empty((), dtype=dtype).element_size()
+    padded = -(-last // per_16) * per_16 if last % per_16 else last
+    lead = (batch,) if batch else ()
+    full = operand(dtype, lead + (shape[0], padded), small=small)
+    return full[..., :last]
+
+
+@pytest.mark.parametrize("layout", OTHER_LAYOUTS)
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: "x".join(map(str, c[0])) + f"-p{c[1][0]}s{c[1][1]}")
+def test_layouts_match_float64(layout, pair, case):
+    ta, tb = pair
+    skip_if_blocked(ta)
+    (m, n, k), plan = case
+    a, b = stored(layout, "a", m, k, ta), stored(layout, "b", n, k, tb)
+    sa, sb = scales_for(ta, tb, m, n)
+    bias = torch.randn(n, device=DEVICE) if plan[1] > 1 else None
+    y = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=torch.float32, layout=layout, plan=plan)
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias, layout=layout)
+    assert torch.isfinite(y).all() and rel_error(y, want) < 1e-5, rel_error(y, want)
+
+
+@pytest.mark.parametrize("layout", list(ops.LAYOUTS))
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_layouts_int8_raw_int32_exact(layout, split_k):
+    m, n, k = 33, 45, 784
+    a, b = stored(layout, "a", m, k, torch.int8), stored(layout, "b", n, k, torch.int8)
+    y = ops.quant_gemm(a, b, out_dtype=torch.int32, layout=layout, plan=(1, split_k))
+    assert y.dtype == torch.int32
+    assert torch.equal(y.cpu().long(), reference(a.cpu(), b.cpu(), layout=layout).long())
+
+
+@pytest.mark.parametrize("layout", OTHER_LAYOUTS)
+@pytest.mark.parametrize("pair", PAIRS[:4], ids=PAIR_IDS[:4])
+def test_layouts_exact_on_small_integers(layout, pair):
+    ta, tb = pair
+    m, n, k = 37, 72, 784
+    a, b = stored(layout, "a", m, k, ta, small=True), stored(layout, "b", n, k, tb, small=True)
+    ones_b = torch.ones(n, device=DEVICE) if tb == torch.int8 else None
+    y = ops.quant_gemm(a, b, b_scale=ones_b, out_dtype=torch.float32, layout=layout, plan=(2, 4))
+    assert torch.equal(y.double(), reference(a, b, layout=layout))
+
+
+@pytest.mark.parametrize("layout", list(ops.LAYOUTS))
+@pytest.mark.parametrize("broadcast", ["a2d", "b2d", "both3d", "b_stride0"])
+@pytest.mark.parametrize("pair", [(torch.int8, torch.int8), (E5, E4)], ids=["s8", "e5m2-e4m3"])
+def test_layouts_batch_and_broadcast(layout, broadcast, pair):
+    ta, tb = pair
+    skip_if_blocked(ta)
+    B, m, n, k = 3, 40, 96, 160
+    a = stored(layout, "a", m, k, ta, batch=None if broadcast == "a2d" else B)
+    b = stored(layout, "b", n, k, tb, batch=B if broadcast in ("both3d", "a2d") else None)
+    if broadcast == "b_stride0":
+        b = b.unsqueeze(0).expand(B, *b.shape)
+    if ta == torch.int8:
+        y = ops.quant_gemm(a, b, out_dtype=torch.int32, layout=layout, plan=(1, 2))
+        want = reference(a.cpu(), b.cpu(), layout=layout).long()
+        assert y.shape == (B, m, n) and torch.equal(y.cpu().long(), want.expand(B, m, n))
+    else:
+        y = ops.quant_gemm(a, b, out_dtype=torch.float32, layout=layout, plan=(0, 1))
+        want = reference(a, b, layout=layout)
+        assert y.shape == (B, m, n) and rel_error(y, want.expand(B, m, n)) < 1e-5
+
+
+@pytest.mark.parametrize("layout", OTHER_LAYOUTS)
+def test_layouts_out_overwrites_every_element_and_repeats_bitwise(layout):
+    m, n, k = 129, 200, 272
+    a, b = stored(layout, "a", m, k, torch.bfloat16), stored(layout, "b", n, k, torch.int8)
+    sb = torch.rand(n, device=DEVICE) + 0.5
+    out = torch.full((m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, b_scale=sb, out=out, layout=layout, plan=(0, 3))
+    assert torch.isfinite(out).all() and rel_error(out, reference(a, b, b_scale=sb, layout=layout)) < 1e-5
+    assert_detects_perturbation(out)
+    again = torch.full((m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, b_scale=sb, out=again, layout=layout, plan=(0, 3))
+    assert_bitwise_equal(again, out, "repeat")
+
+
+@pytest.mark.parametrize("layout", OTHER_LAYOUTS)
+@pytest.mark.parametrize("pair", [(torch.bfloat16, torch.bfloat16), (E4, E5)], ids=["bf16", "e4m3-e5m2"])
+def test_layouts_batch_invariant_plan(layout, pair):
+    """Row i of an M-row call equals the call on row i alone, bitwise (batch_invariant=True), in every layout:
+    with a stored [K, M] the row is column i of a."""
+    ta, tb = pair
+    skip_if_blocked(ta)
+    m, n, k = 300, 256, 2048
+    a, b = stored(layout, "a", m, k, ta), stored(layout, "b", n, k, tb)
+    full = ops.quant_gemm(a, b, layout=layout, batch_invariant=True)
+    for i in (0, 17, m - 1):
+        # A one-row a: [1, K], or [K, 1] as a view of the padded storage (16-byte aligned rows).
+        one = a[i:i + 1] if layout[0] == "n" else stored(layout, "a", 1, k, ta)
+        if layout[0] == "t":
+            one.copy_(a[:, i:i + 1])
+        row = ops.quant_gemm(one, b, layout=layout, batch_invariant=True)
+        assert_bitwise_equal(row, full[i:i + 1], f"row {i}")
 
 
 def test_opcheck():
