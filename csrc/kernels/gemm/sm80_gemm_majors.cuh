@@ -4,15 +4,16 @@
 //
 // MN-major tiles are stored as [k][mn] lines of kMN values, 128-byte swizzled, and read with ldmatrix .trans:
 // - 16-bit (w16a16): .trans gives the mma fragment as it is (two consecutive k of one m / n per register).
-// - 8-bit (s8, fp8, w8a16's int8 b) and w8a16's 16-bit a: the k32 (or 4-value-run) fragments need 4 consecutive k
-//   per thread, and .trans hands out pairs of lines. The loader stores k at line lambda(k) (a bit permutation inside
-//   16 k: k = 4i + 2o + b -> line 8o + 2i + b), so lines 0-7 of a 16-k group hold k = 4i + {0, 1} and lines 8-15
-//   k = 4i + {2, 3}; .trans on them gives thread t k = 4t, 4t + 1 (resp. 4t + 2, 4t + 3), each for two adjacent
-//   8-bit mn values. One prmt per register pair then gives 4 consecutive k of one mn: the k order is the identity
-//   in every layout (both operands agree without touching the other one), and the mn order of a 16-wide chunk
-//   becomes even mn first (slot c <-> 2c), odd after (slot c <-> 2c + 1). The epilogue undoes that permutation.
-//   Chosen over a byte gather from shared memory (4 one-byte loads per register) and over shuffles: one ldmatrix
-//   and two prmt per 4 registers, and the reads stay conflict-free.
+// - 8-bit (s8, fp8, w8a16's int8 b): a k32 fragment register holds 4 consecutive k of one m / n, and .trans hands
+//   out pairs of lines. The loader stores k at line k_line(k) (a bit permutation inside 16 k: k = 4i + 2o + b ->
+//   line 8o + 2i + b), so lines 0-7 of a 16-k group hold k = 4i + {0, 1} and lines 8-15 k = 4i + {2, 3}; .trans
+//   on them gives thread t k = 4t, 4t + 1 (resp. 4t + 2, 4t + 3) of two adjacent mn, and a prmt of the two
+//   registers gives 4 consecutive k of one mn. So the k order is the identity in every layout (the other operand
+//   is read as in nt), and a 16-wide mn chunk comes out even mn first (slot c <-> 2c), odd after (slot c <-> 2c +
+//   1): the epilogue maps the slots back. One ldmatrix .x4 and four prmt per four fragment registers, reads
+//   conflict-free; a byte gather from shared memory would take 4 loads per register.
+// - w8a16's 16-bit a, MN-major: stored in k_line order too, so .trans gives k 4t, 4t + 1 and 4t + 2, 4t + 3, the
+//   pairs its k16 cells take in nt (the int8 b's runs of 4 k); no prmt.
 // The K order of an output row is what sm80_gemm.cuh's kernel uses (tiles in order, 32-byte steps of b in order),
 // so batch invariance holds here too.
 #pragma once
