@@ -87,8 +87,7 @@ uint16_t random_code(Elem e, bool integers, int lo, int hi, Rng& rng) {
 // ---- layouts ---------------------------------------------------------------------------------------------
 
 // Operand layouts, named as the op's `layout` argument: first letter a, second b; "n" stores a as [M, K] and b as
-// [K, N], "t" stores a as [K, M] and b as [N, K]. The launcher runs "nt" today; a layout joins with one line, e.g.
-// {"nn", 1, true, false}, once set_layout below can pass it on.
+// [K, N], "t" stores a as [K, M] and b as [N, K].
 struct Layout {
   const char* name;
   int code;             // the op's layout int
@@ -97,6 +96,9 @@ struct Layout {
 };
 constexpr Layout kLayouts[] = {
     {"nt", 0, true, true},
+    {"nn", 1, true, false},
+    {"tn", 2, false, false},
+    {"tt", 3, false, true},
 };
 
 // ---- cases -----------------------------------------------------------------------------------------------
@@ -428,7 +430,8 @@ DeviceBuffer<T> upload(const std::vector<T>& host) {
 // Passes the stored layout to the launcher. GemmParams knows K-contiguous operands only (nt), by their row strides;
 // a launcher that takes the other layouts gets Layout::code here.
 void set_layout(GemmParams& p, const Layout& l, const Operand& a, const Operand& b) {
-  (void)l;
+  p.layout = GemmLayout(l.code);
+  p.transpose_out = 0;  // the launcher's to set where it swaps the operands
   p.a_row_stride = a.ld;
   p.b_row_stride = b.ld;
 }
@@ -662,8 +665,8 @@ bool check_launcher_contract() {
   for (int r = 0; r < kGemmRecipes; ++r) ok = ok && gemm_recipe_tile_m(r) > 0 && gemm_recipe_tile_n(r) > 0;
   DeviceBuffer<uint8_t> dummy(4096);
   for (const PairInfo& pi : kPairs) {
-    ok = ok && gemm_k_tile(pi.pair) > 0 && gemm_unsupported(pi.pair, kGemmRecipes) != nullptr &&
-         gemm_unsupported(pi.pair, -1) != nullptr;
+    ok = ok && gemm_k_tile(pi.pair) > 0 && gemm_unsupported(pi.pair, GemmLayout::kNT, kGemmRecipes) != nullptr &&
+         gemm_unsupported(pi.pair, GemmLayout::kNT, -1) != nullptr;
     GemmParams p{};
     p.a = p.b = dummy.get();
     p.out = dummy.get();
@@ -788,7 +791,7 @@ int run_bench(const cudaDeviceProp& prop) {
       const DeviceBuffer<float> scales = upload(scale_values);
       for (int M : ms)
         for (int recipe = 0; recipe < kGemmRecipes; ++recipe) {
-          const char* why = gemm_unsupported(pi.pair, recipe);
+          const char* why = gemm_unsupported(pi.pair, GemmLayout::kNT, recipe);
           if (why) {
             std::printf("%-10s %5d %6d %6d %3d %5s  skipped: %s\n", pi.name, M, N, K, recipe, "-", why);
             continue;
@@ -863,7 +866,7 @@ int main(int argc, char** argv) {
   int failed = 0, index = 0, skipped = 0;
   print_table_header();
   for (const Case& c : cases) {
-    const char* why = gemm_unsupported(c.info().pair, c.recipe);
+    const char* why = gemm_unsupported(c.info().pair, GemmLayout(kLayouts[c.layout].code), c.recipe);
     if (why) {
       ++skipped;
       const std::string note = std::string(c.info().name) + " recipe " + std::to_string(c.recipe) + ": " + why;
