@@ -52,7 +52,7 @@ TABLE = {
     "bf16_nt_M7_N130_K512_r2_s3_bias": gemm(7, 130, 512, BF16, BF16, recipe=2, split_k=3, bias=FP32),
     "f16_nn_M64_N96_K264_r1_f32": gemm(64, 96, 264, FP16, FP16, NN, recipe=1, out_dtype=FP32),
     "bf16_tn_M40_N72_K200_r0": gemm(40, 72, 200, BF16, BF16, TN),
-    "bf16_tt_M33_N48_K136_r1_s2": gemm(33, 48, 136, BF16, BF16, TT, recipe=1, split_k=2),
+    "bf16_tt_M40_N48_K136_r1_s2": gemm(40, 48, 136, BF16, BF16, TT, recipe=1, split_k=2),
     # w8a16
     "bf16xs8_nt_M1_N4096_K4096_r2_s4": gemm(1, 4096, 4096, BF16, INT8, recipe=2, split_k=4, b_scale="vector"),
     "bf16xs8_nt_M1000_N300_K272_r0_bias": gemm(1000, 300, 272, BF16, INT8, b_scale="vector", bias=BF16),
