@@ -25,12 +25,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-benchmark's hook: tier 0 collects without it
 def pytest_benchmark_update_machine_info(config, machine_info):
     if not torch.cuda.is_available():
         return
     machine_info["astrai"] = gpu_timing.environment()  # the one machine record every bench script shares
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-benchmark's hook: tier 0 collects without it
 def pytest_benchmark_update_commit_info(config, commit_info):
     """Name the commit a run measures: $ASTRAI_GIT_COMMIT when set (a tree copied to a GPU machine may carry an
     older .git than its files), else git's answer (pytest-benchmark asked it), else the image's revision."""
