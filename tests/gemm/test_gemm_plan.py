@@ -47,8 +47,45 @@ PLAN_TABLE = {
 @pytest.mark.parametrize("case", list(PLAN_TABLE), ids=str)
 @pytest.mark.parametrize("pair", list(ops.PAIRS))
 def test_builtin_plan_table(case, pair):
+    """The mainloop rule: every pair's plan in every layout, but w8a16's in "nt" at M <= 16 (the stream rule)."""
     m, n, k, sms = case
-    assert ops.builtin_plan(m, n, k, pair, sms) == PLAN_TABLE[case]
+    for layout in ("nn", "tn") if pair == "w8a16" else ("nt", "nn"):
+        assert ops.builtin_plan(m, n, k, pair, sms, layout=layout) == PLAN_TABLE[case]
+    if pair == "w8a16" and m > ops.SMALL_M:
+        assert ops.builtin_plan(m, n, k, pair, sms) == PLAN_TABLE[case]
+
+
+# w8a16, layout nt, M <= 16 -> recipe 2 on the weight-stream kernel: the largest power of two split <= 32 whose
+# grid (N / 64 tiles x split) fits one resident wave (8 CTAs a SM at M <= 8, 6 above), K / split >= 256, and
+# 8 * split * M <= K / 4 (the partials at most a quarter of the weight bytes). Worked by hand.
+STREAM_PLAN_TABLE = {
+    (1, 4096, 4096, 132): (2, 16),     # 64 tiles x 16 = 1024 <= 1056; x 32 would not fit
+    (8, 4096, 4096, 132): (2, 16),     # partials 8 * 16 * 8 = 1024 = K / 4: still allowed
+    (9, 4096, 4096, 132): (2, 8),      # 6 CTAs a SM: 792 resident, x 16 = 1024 does not fit
+    (16, 4096, 4096, 132): (2, 8),     # x 8 fits, and partials 8 * 8 * 16 = K / 4
+    (1, 14336, 4096, 132): (2, 4),     # 224 tiles x 4 = 896; x 8 would not fit
+    (1, 4096, 1024, 132): (2, 4),      # K / 4 = 256 values a split: the floor
+    (1, 4096, 0, 132): (2, 1),         # K = 0
+    (16, 64, 65536, 132): (2, 32),     # one tile: capped at 32 splits
+    (1, 64, 65536, 1): (2, 8),         # one SM: 8 resident CTAs
+    (16, 4096, 512, 132): (2, 1),      # partials: 8 * 2 * 16 = 256 > K / 4 = 128
+}
+
+
+@pytest.mark.parametrize("case", list(STREAM_PLAN_TABLE), ids=str)
+def test_stream_plan_table(case):
+    m, n, k, sms = case
+    assert ops.builtin_plan(m, n, k, "w8a16", sms) == STREAM_PLAN_TABLE[case]
+    assert ops.builtin_plan(m, n, k, "w8a16", sms, layout="nt") == STREAM_PLAN_TABLE[case]
+
+
+def test_w8a16_batch_invariant_plan_is_the_stream_at_every_m():
+    """The stream kernel sums K in its own order, so w8a16's invariant plan in "nt" keeps recipe 2 at every M, with
+    the split of M = 16; its other layouts keep the mainloop's (recipe follows M, split follows (N, K))."""
+    for m in (0, 1, 8, 16, 17, 64, 65, 4096):
+        assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True) == (2, 8)
+        assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True, layout="nn") == \
+            ops.builtin_plan(m, 4096, 4096, "w8a8", 132, batch_invariant=True)
 
 
 @pytest.mark.parametrize("n,k,split", [(4096, 4096, 4), (32768, 4096, 2), (65536, 4096, 1), (128, 2048, 2),
@@ -79,6 +116,8 @@ def test_builtin_plan_rejects():
         ops.builtin_plan(1, 64, 64, "w4a16", 132)
     with pytest.raises(ValueError, match=r"^builtin_plan: num_sms must be >= 1, got 0"):
         ops.builtin_plan(1, 64, 64, "fp8", 0)
+    with pytest.raises(ValueError, match=r"^builtin_plan: layout must be one of \('nt', 'nn', 'tn', 'tt'\), got 'ntt'"):
+        ops.builtin_plan(1, 64, 64, "fp8", 132, layout="ntt")
 
 
 def test_num_sms_cached_per_device(monkeypatch):
@@ -131,7 +170,8 @@ def test_swapped_layout_planned_as_the_kernel_sees_it(case):
     shape = ops.Problem(None, m, n, k, k)
     assert ops.plan_problem(ops.LAYOUTS["tt"], shape, "fp8", 132, False) == SWAPPED_PLANS[case]
     # w8a16's tt is native: planned as nt would be
-    assert ops.plan_problem(ops.LAYOUTS["tt"], shape, "w8a16", 132, False) == ops.builtin_plan(m, n, k, "w8a16", 132)
+    assert ops.plan_problem(ops.LAYOUTS["tt"], shape, "w8a16", 132, False) == \
+        ops.builtin_plan(m, n, k, "w8a16", 132, layout="tt")
 
 
 def test_swapped_layout_batch_invariant_split_follows_n_and_k():

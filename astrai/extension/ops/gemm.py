@@ -82,6 +82,15 @@ MAX_SPLIT_K = 16
 # Recipe 2 (the weight stream) splits K until its grid holds this many waves of CTAs: more blocks in flight hide the
 # latency of its short, copy-bound tiles (H200 sweep, docs/benchmarks.md: four waves were the fastest or within 2%).
 SMALL_M_WAVES = 4
+# w8a16's recipe 2 runs the weight-stream kernel (csrc/kernels/gemm/sm80_stream.cuh), whose split rule differs:
+# the largest power of two s <= STREAM_MAX_SPLIT_K whose grid still fits one resident wave (STREAM_CTAS_PER_SM
+# CTAs a SM at M <= 8, STREAM_CTAS_PER_SM_16 above: its register budget), with >= STREAM_MIN_K_PER_SPLIT values
+# of K a split and the fp32 partials (8 s M bytes a column, written and read) at most a quarter of the weight
+# bytes (K a column). From an H200 sweep of the kernel's design (docs/benchmarks.md, "the weight stream").
+STREAM_CTAS_PER_SM = 8
+STREAM_CTAS_PER_SM_16 = 6
+STREAM_MAX_SPLIT_K = 32
+STREAM_MIN_K_PER_SPLIT = 256
 
 
 
@@ -155,13 +164,25 @@ def _split_k(tiles: int, k: int, num_sms: int, waves: int = 1) -> int:
     return split
 
 
+def _stream_split(m: int, n: int, k: int, num_sms: int) -> int:
+    """w8a16 recipe 2's split (the STREAM_* rule above) for M rows (1..16: one block of rows decides it)."""
+    rows = min(max(m, 1), SMALL_M)
+    resident = (STREAM_CTAS_PER_SM if rows <= 8 else STREAM_CTAS_PER_SM_16) * num_sms
+    tiles = math.ceil(n / RECIPES[2].tile_n)
+    split = 1
+    while (2 * split <= STREAM_MAX_SPLIT_K and tiles * 2 * split <= resident
+           and k // (2 * split) >= STREAM_MIN_K_PER_SPLIT and 8 * 2 * split * rows <= k // 4):
+        split *= 2
+    return split
+
+
 def _tiles(m: int, n: int, recipe: int) -> int:
     tile = RECIPES[recipe]
     return math.ceil(m / tile.tile_m) * math.ceil(n / tile.tile_n)
 
 
 def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
-                 batch_invariant: bool = False) -> tuple[int, int]:
+                 batch_invariant: bool = False, layout: str = "nt") -> tuple[int, int]:
     """The built-in plan `(recipe, split_k)` for an `[M, K] x [K, N]` problem of `pair` on `num_sms` SMs.
 
     Rules (constants are module data):
@@ -171,25 +192,37 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
       `K >= MEDIUM_SPLIT_MIN_K` (4096);
     - else recipe 0 (m128n128), `split_k = 1`.
 
+    w8a16 in layout "nt" at `M <= SMALL_M` runs recipe 2 on the weight-stream kernel, split by the `STREAM_*`
+    rule instead (its other layouts run recipe 2 on the mainloop, with the rule above).
+
     "Split to fill one wave": the smallest power of two `s` with `tiles_m * tiles_n * s >= num_sms`, capped so
     that each split keeps `>= MIN_K_PER_SPLIT` (1024) elements of K and `s <= MAX_SPLIT_K` (16); `s = 1`
     when the cap allows no split.
 
     `batch_invariant=True`: the split depends only on (N, K) and the device, never on M (computed as for
     recipe 2 with one row of tiles), so a row's result does not depend on how many rows share the call; the
-    recipe still follows M, since every recipe sums a row's K in the same order.
+    recipe still follows M, since every recipe sums a row's K in the same order. w8a16 is the exception: its
+    recipe 2 (the weight-stream kernel) sums K in another order than recipes 0 and 1, so its batch-invariant
+    plan is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64 on: it reads
+    the weights once per 16 rows).
 
     Example
     -------
-    >>> builtin_plan(1, 4096, 4096, "w8a16", 132)
+    >>> builtin_plan(1, 4096, 4096, "w16a16", 132)
     (2, 4)
+    >>> builtin_plan(1, 4096, 4096, "w8a16", 132)
+    (2, 16)
     """
     if pair not in PAIRS:
         raise ValueError(f"builtin_plan: pair must be one of {tuple(PAIRS)}, got {pair!r}")
     if num_sms < 1:
         raise ValueError(f"builtin_plan: num_sms must be >= 1, got {num_sms}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"builtin_plan: layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
+    if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
+        return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
     if batch_invariant:
-        # Every recipe walks K in the same order, so only the split must not depend on M.
+        # Every mainloop recipe walks K in the same order, so only the split must not depend on M.
         recipe = 2 if m <= SMALL_M else 1 if m <= MEDIUM_M else 0
         return recipe, _split_k(_tiles(1, n, 2), k, num_sms, SMALL_M_WAVES)
     if m <= SMALL_M:
@@ -227,7 +260,8 @@ def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_inv
     swapped layout). A swapped layout's grid under one wave (a small M: few columns of tiles) splits K to fill
     one; its batch-invariant split still follows the output's (N, K) alone."""
     if not runs_swapped(pair, layout):
-        return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=batch_invariant)
+        return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=batch_invariant,
+                            layout=LAYOUT_NAMES.get(layout, "nt"))
     recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms)
     if batch_invariant:
         split = builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=True)[1]

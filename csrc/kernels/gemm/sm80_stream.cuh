@@ -1,0 +1,222 @@
+// The weight-stream kernel: w8a16 in layout nt at recipe 2 (16 rows of a x 64 rows of b per CTA), where the GEMM
+// is a read of the int8 weights. b's rows fill the mma's 16-row side and a's rows (the tokens) its 8-column side
+// ("swap AB": the kernel computes y^T = b a^T), so a one-token call wastes tensor-core columns, not bandwidth.
+// b goes from global memory straight into registers, 16 bytes a lane (no shared memory: each byte is used once),
+// with the next chunk of each row in flight and the L2 asked to fetch 256 bytes around each read; a comes
+// through L1 (every CTA of a K range reads the same a).
+//
+// Why this shape (H200 probe, docs/benchmarks.md "GEMM, the weight stream"): the stream is bound by bytes in
+// flight, not by the expansion (removing it gained 0-8%): 32 resident warps a SM (<= 64 registers) and the L2
+// prefetch hint are what moved it, from 0.52-0.66x to 0.60-0.76x of a same-run read of the weights.
+//
+// A lane's 16 bytes of a b row are 16 consecutive K values; K is permuted inside each 64-value chunk, the same way
+// for a and b, so the sum is the same: see stream_step. K order of an output: chunks in order within the split,
+// then splits in order (gemm_reduce_kernel). It depends on (N, K, split) only, not on M, but it is not the
+// mainloop's order, so a w8a16 row's bits differ between recipe 2 and recipes 0 / 1 (contracts.md).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/gemm/params.h"
+#include "kernels/gemm/sm80_gemm.cuh"
+
+namespace astrai {
+namespace gemm {
+
+struct StreamRecipe {
+  static constexpr int kWarps = 4;        // each on its own 16 b rows, all on the CTA's K range
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMinBlocks = 8;    // 32 warps a SM: <= 64 registers a thread (one token tile)
+  static constexpr int kInFlight = 2;     // 64-byte chunks of each b row a lane has loaded ahead
+  static constexpr int kRowsB = 16 * kWarps;
+  static constexpr int kRowsA = 16;
+  static constexpr int kChunk = 64;       // b bytes (K values) of a row per step
+};
+static_assert(StreamRecipe::kRowsB == RecipeM16N64::kBN && StreamRecipe::kRowsA == RecipeM16N64::kBM,
+              "the stream kernel runs recipe 2's tile");
+static_assert(PairBf16S8::kKTile == 2 * StreamRecipe::kChunk, "a split is a whole number of chunks");
+
+// 16 bytes of b, read once: not kept in L1, and the L2 fetches the 256-byte block around them.
+__device__ __forceinline__ uint4 ld_weights16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+// 16 bytes of a (re-read by every CTA on the same K range: left to L1).
+__device__ __forceinline__ uint4 ld_tokens16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+// The 16 bytes at p of which `left` lie inside the row, zeros past it; byte by byte, never past the row.
+__device__ __forceinline__ uint4 ld_tail16(const uint8_t* p, int64_t left) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    if (i < left) w[i >> 2] |= uint32_t(p[i]) << (8 * (i & 3));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Four int8 as two registers of two bf16 / fp16 values, bytes (0, 2) and (1, 3): s8x4_to_16bit's arithmetic
+// without its two prmt (bytes 0 and 2 already sit in the 16-bit lanes; 1 and 3 after a shift).
+template <bool kF16>
+__device__ __forceinline__ void s8x4_to_16bit_02_13(uint32_t u, uint32_t& b02, uint32_t& b13) {
+  constexpr uint32_t kBias = kF16 ? 0x64006400u : 0x43004300u;
+  const uint32_t r = u >> 8;
+  const uint32_t x02 = (u & 0x007F007Fu) | kBias, y02 = (u & 0x00800080u) | kBias;
+  const uint32_t x13 = (r & 0x007F007Fu) | kBias, y13 = (r & 0x00800080u) | kBias;
+  using T2 = typename std::conditional<kF16, __half2, __nv_bfloat162>::type;
+  const T2 r02 = __hsub2(*reinterpret_cast<const T2*>(&x02), *reinterpret_cast<const T2*>(&y02));
+  const T2 r13 = __hsub2(*reinterpret_cast<const T2*>(&x13), *reinterpret_cast<const T2*>(&y13));
+  b02 = *reinterpret_cast<const uint32_t*>(&r02);
+  b13 = *reinterpret_cast<const uint32_t*>(&r13);
+}
+
+// One 64-value chunk: lane (g, t) holds K values 16t .. 16t + 15 of b rows g and g + 8 (w, v) and of token g
+// (x: 16 16-bit values). mma r takes the lane's values 4r .. 4r + 3: slots 2t, 2t + 1 <- values 4r, 4r + 2 and
+// slots 2t + 8, 2t + 9 <- values 4r + 1, 4r + 3, in a (the weights) and in b (the tokens) alike.
+template <class Pair>
+__device__ __forceinline__ void stream_step(float (&acc)[4], const uint4& w, const uint4& v, const uint4& x0,
+                                            const uint4& x1) {
+  constexpr bool kF16 = std::is_same<typename Pair::TA, __half>::value;
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, vs[4] = {v.x, v.y, v.z, v.w};
+  const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    uint32_t w02, w13, v02, v13;
+    s8x4_to_16bit_02_13<kF16>(ws[r], w02, w13);
+    s8x4_to_16bit_02_13<kF16>(vs[r], v02, v13);
+    const uint32_t a[4] = {w02, v02, w13, v13};
+    // token values (4r, 4r + 2) and (4r + 1, 4r + 3) from the words (4r, 4r + 1), (4r + 2, 4r + 3)
+    const uint32_t x02 = __byte_perm(xs[2 * r], xs[2 * r + 1], 0x5410);
+    const uint32_t x13 = __byte_perm(xs[2 * r], xs[2 * r + 1], 0x7632);
+    Pair::mma(acc, a, x02, x13);
+  }
+}
+
+// kTokenTiles n8 tiles of tokens: 8 or 16 of a's rows (rows past M read row m0 and are not stored).
+template <class Pair, int kTokenTiles>
+__device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0, int split, int64_t bz) {
+  using SR = StreamRecipe;
+  using TA = typename Pair::TA;
+  constexpr int kU = SR::kInFlight;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int chunks = int(ceil_div<int64_t>(p.k, SR::kChunk));
+  const int c_begin = split * p.k_tiles_per_split * 2;
+  // [c_begin, c_end): this split's chunks (empty for a split past K); [c_begin, c_full) lie wholly inside the row
+  // (no bounds checks), and c_full < c_end only in the split that holds the row's cut last chunk.
+  const int c_end = max(c_begin, min(chunks, c_begin + p.k_tiles_per_split * 2));
+  const int c_full = max(c_begin, min(c_end, p.k / SR::kChunk));
+  // Rows past N or M read a valid row (row 0 of the block) and are never stored.
+  const uint8_t* const b_base = static_cast<const uint8_t*>(p.b) + bz * p.b_batch_stride;
+  const uint8_t* const w_row = b_base + int64_t(n0 + g < p.n ? n0 + g : n0) * p.b_row_stride + 16 * t;
+  const uint8_t* const v_row = b_base + int64_t(n0 + g + 8 < p.n ? n0 + g + 8 : n0) * p.b_row_stride + 16 * t;
+  const TA* const a_base = static_cast<const TA*>(p.a) + bz * p.a_batch_stride;
+  const uint8_t* x_row[kTokenTiles];
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) {
+    const int m = m0 + 8 * j + g;
+    x_row[j] = reinterpret_cast<const uint8_t*>(a_base + int64_t(m < p.m ? m : m0) * p.a_row_stride) + 32 * t;
+  }
+
+  float acc[kTokenTiles][4];
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+  uint4 ring_w[kU], ring_v[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u)
+    if (c_begin + u < c_full) {
+      ring_w[u] = ld_weights16(w_row + int64_t(c_begin + u) * SR::kChunk);
+      ring_v[u] = ld_weights16(v_row + int64_t(c_begin + u) * SR::kChunk);
+    }
+  for (int c = c_begin; c < c_full; c += kU) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int cc = c + u;
+      if (cc < c_full) {
+        const uint4 w = ring_w[u], v = ring_v[u];
+        if (cc + kU < c_full) {  // the next chunk of this slot, in flight under this one's mma
+          ring_w[u] = ld_weights16(w_row + int64_t(cc + kU) * SR::kChunk);
+          ring_v[u] = ld_weights16(v_row + int64_t(cc + kU) * SR::kChunk);
+        }
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) {
+          const uint8_t* const x = x_row[j] + int64_t(cc) * 2 * SR::kChunk;
+          stream_step<Pair>(acc[j], w, v, ld_tokens16(x), ld_tokens16(x + 16));
+        }
+      }
+    }
+  }
+  if (c_full < c_end) {  // the row's last chunk, cut by K: zeros past K on both sides
+    const int64_t left = int64_t(p.k) - int64_t(c_full) * SR::kChunk - 16 * t;  // this lane's values inside
+    const uint4 w = ld_tail16(w_row + int64_t(c_full) * SR::kChunk, left);
+    const uint4 v = ld_tail16(v_row + int64_t(c_full) * SR::kChunk, left);
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+      const uint8_t* const x = x_row[j] + int64_t(c_full) * 2 * SR::kChunk;
+      stream_step<Pair>(acc[j], w, v, ld_tail16(x, 2 * left), ld_tail16(x + 16, 2 * left - 16));
+    }
+  }
+
+  // acc[j][e]: b row n0 + g + 8 (e / 2), token m0 + 8 j + 2 t + e % 2.
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = m0 + 8 * j + 2 * t + (e & 1), col = n0 + g + 8 * (e >> 1);
+      if (row >= p.m || col >= p.n) continue;
+      if (p.split_k > 1) {
+        static_cast<float*>(p.workspace)[(int64_t(blockIdx.z) * p.m + row) * p.n + col] = acc[j][e];
+      } else {
+        store_out<float>(p, bz, row, col, acc[j][e], 0.f, false);
+      }
+    }
+}
+
+// Grid: x = blocks of 64 b rows (n), y = blocks of 16 a rows (m), z = batch * split_k; a split is
+// p.k_tiles_per_split K tiles of 128 b bytes, as in the mainloop. kTokenTiles = 1 serves M <= 8 (32 warps a SM),
+// 2 every larger M (24 warps a SM: its second tile of token registers does not fit in 64).
+template <class Pair, int kTokenTiles>
+__global__ void __launch_bounds__(StreamRecipe::kThreads, kTokenTiles == 1 ? StreamRecipe::kMinBlocks : 6)
+    gemm_stream_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(Pair::kKind == Kind::kW8A16, "the stream kernel is w8a16's");
+  const int n0 = blockIdx.x * StreamRecipe::kRowsB + 16 * (threadIdx.x >> 5);
+  const int m0 = blockIdx.y * StreamRecipe::kRowsA;
+  const int split = blockIdx.z % p.split_k;
+  const int64_t bz = blockIdx.z / p.split_k;
+  if (n0 >= p.n) return;  // this warp's rows are all past N (no barrier in this kernel)
+  stream_tile<Pair, kTokenTiles>(p, n0, m0, split, bz);
+}
+
+template <class Pair>
+cudaError_t launch_stream(const GemmParams& p, cudaStream_t stream) {
+  using SR = StreamRecipe;
+  const dim3 grid(unsigned(ceil_div(p.n, SR::kRowsB)), unsigned(ceil_div(p.m, SR::kRowsA)),
+                  unsigned(p.batch * p.split_k));
+  if (p.m <= 8) {
+    gemm_stream_kernel<Pair, 1><<<grid, SR::kThreads, 0, stream>>>(p);
+  } else {
+    gemm_stream_kernel<Pair, 2><<<grid, SR::kThreads, 0, stream>>>(p);  // a last block of <= 8 rows reads row m0 twice
+  }
+  ASTRAI_CUDA_TRY(cudaGetLastError());
+  if (p.split_k > 1) {
+    const int64_t total = int64_t(p.m) * p.n * p.batch;
+    gemm_reduce_kernel<float><<<unsigned(ceil_div<int64_t>(total, 256)), 256, 0, stream>>>(p);
+    ASTRAI_CUDA_TRY(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+}  // namespace gemm
+}  // namespace astrai
