@@ -203,8 +203,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     recipe 2 with one row of tiles), so a row's result does not depend on how many rows share the call; the
     recipe still follows M, since every recipe sums a row's K in the same order. w8a16 is the exception: its
     recipe 2 (the weight-stream kernel) sums K in another order than recipes 0 and 1, so its batch-invariant
-    plan is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64 on: it reads
-    the weights once per 16 rows).
+    plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
+    on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
     Example
     -------
