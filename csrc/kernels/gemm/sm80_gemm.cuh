@@ -15,6 +15,7 @@
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/ptx/async_copy.cuh"
+#include "kernels/common/ptx/griddep.cuh"
 #include "kernels/common/ptx/ldmatrix.cuh"
 #include "kernels/common/ptx/mma_sm80.cuh"
 #include "kernels/common/ptx/smem.cuh"
@@ -65,16 +66,18 @@ using PairE4m3E5m2 = PairTraits<uint8_t, uint8_t, Kind::k8, float, MmaE4m3E5m2>;
 
 // ---- tile recipes --------------------------------------------------------------------------------------
 // CTA tile kBM x kBN, warp tile kWM x kWN (kWM a multiple of 16, kWN of 16), at most kMaxStages stages; the
-// stage count is what fits 96 KB (the sm_89 / sm_120a opt-in limit is 99 KB), so one recipe runs everywhere.
-template <int kBM_, int kBN_, int kWM_, int kWN_, int kMaxStages_>
+// stage count is what fits kSmemKB (default 96 KB: the sm_89 / sm_120a opt-in limit is 99 KB, so the recipe runs
+// everywhere; a larger budget limits the recipe to devices that have it). kMinBlocks_ < 0: two resident CTAs per
+// SM at >= 256 threads (registers <= 128 per thread), so one's copies run under the other's mma.
+template <int kBM_, int kBN_, int kWM_, int kWN_, int kMaxStages_, int kMinBlocks_ = -1, int kSmemKB_ = 96>
 struct Recipe {
   static constexpr int kBM = kBM_, kBN = kBN_, kWM = kWM_, kWN = kWN_;
   static constexpr int kWarpsN = kBN / kWN;
   static constexpr int kWarps = (kBM / kWM) * kWarpsN;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kMaxStages = kMaxStages_;
-  // Two resident CTAs per SM (registers <= 128 per thread at 256 threads): one's copies run under the other's mma.
-  static constexpr int kMinBlocks = kThreads >= 256 ? 2 : 1;
+  static constexpr int kMinBlocks = kMinBlocks_ >= 0 ? kMinBlocks_ : (kThreads >= 256 ? 2 : 1);
+  static constexpr int kSmemBudget = kSmemKB_ * 1024;
 };
 using RecipeM128N128 = Recipe<128, 128, 64, 32, 4>;  // id 0: large M
 using RecipeM64N128 = Recipe<64, 128, 64, 32, 4>;    // id 1: mid M
@@ -87,7 +90,7 @@ struct Shape {
   static constexpr int kAStageBytes = R::kBM * kARowBytes;
   static constexpr int kBStageBytes = R::kBN * 128;
   static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
-  static constexpr int kFitStages = (96 * 1024) / kStageBytes;
+  static constexpr int kFitStages = R::kSmemBudget / kStageBytes;
   static constexpr int kStages = kFitStages < R::kMaxStages ? kFitStages : R::kMaxStages;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static constexpr int kMI = R::kWM / 16;  // m16 fragments per warp
@@ -237,10 +240,29 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
   const uint8_t* const a_src0 = a_base + int64_t(m0 + a_row0) * a_row_bytes + a_chunk * 16;
   const uint8_t* const b_src0 = b_base + int64_t(n0 + b_row0) * b_row_bytes + b_chunk * 16;
   const uint32_t a_off0 = tile_offset<R::kBM>(a_row0, a_chunk), b_off0 = tile_offset<R::kBN>(b_row0, b_chunk);
+  // A CTA whose rows all lie inside m and n copies the K tiles that lie wholly inside k without bounds checks
+  // (one address add per chunk); the edge CTAs and the tile cut by k take the zero-filling path.
+  const bool rows_inside = m0 + R::kBM <= p.m && n0 + R::kBN <= p.n;
+  const int kt_inside = p.k / Pair::kKTile;
+  const int64_t a_row_step = kARowStep * a_row_bytes, b_row_step = kBRowStep * b_row_bytes;
+  constexpr bool kAEven = kAIters * kARowStep == R::kBM, kBEven = kBIters * kBRowStep == R::kBN;
   auto load_tile = [&](int stage, int kt) {
     const uint32_t a_dst = smem_base + stage * S::kStageBytes + a_off0;
     const uint32_t b_dst = smem_base + stage * S::kStageBytes + S::kAStageBytes + b_off0;
     const int64_t a_kb = int64_t(kt) * S::kARowBytes, b_kb = int64_t(kt) * 128;
+    if (rows_inside && kt < kt_inside) {
+      const uint8_t* a_src = a_src0 + a_kb;
+      const uint8_t* b_src = b_src0 + b_kb;
+#pragma unroll
+      for (int r = 0; r < kAIters; ++r)
+        if (kAEven || a_row0 + r * kARowStep < R::kBM)
+          cp_async16_zfill_bytes(a_dst + r * kARowStep * 128, a_src + r * a_row_step, 16);
+#pragma unroll
+      for (int r = 0; r < kBIters; ++r)
+        if (kBEven || b_row0 + r * kBRowStep < R::kBN)
+          cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128, b_src + r * b_row_step, 16);
+      return;
+    }
     const int a_bytes = chunk_bytes(a_k_bytes - a_kb - a_chunk * 16);
     const int b_bytes = chunk_bytes(b_k_bytes - b_kb - b_chunk * 16);
 #pragma unroll
@@ -350,6 +372,7 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
     }
   }
   cp_async_wait<0>();
+  launch_dependents();  // a split's reduction may be scheduled now (it waits for this grid before reading)
 
   // Epilogue: fragment (i, j) holds rows g, g + 8 and columns 2t, 2t + 1 of its 16 x 8 block.
   const int g = lane >> 2, t = lane & 3;
@@ -379,16 +402,41 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
 }
 
 // Sums the split_k partials of each output element in split order, then the epilogue. One thread per element.
+// Launched as a programmatic dependent of the kernel that wrote the partials where the image's code allows
+// (sm80_gemm_launch.cuh): it waits for that grid before its first read. The loads of a group of eight splits are
+// issued together; the adds stay in split order (the bits do not depend on the grouping).
 template <class Acc>
 __global__ void __launch_bounds__(256) gemm_reduce_kernel(const __grid_constant__ GemmParams p) {
+  wait_prerequisites();
   const int64_t mn = int64_t(p.m) * p.n;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= mn * p.batch) return;
-  const int64_t bz = idx / mn, rem = idx % mn;
-  const int row = int(rem / p.n), col = int(rem % p.n);
+  int64_t bz, rem;
+  int row, col;
+  if (mn * p.batch <= INT32_MAX) {  // 32-bit division where the sizes allow (most calls)
+    const uint32_t i = uint32_t(idx), umn = uint32_t(mn);
+    bz = i / umn;
+    const uint32_t r = i - uint32_t(bz) * umn;
+    rem = r;
+    row = int(r / uint32_t(p.n));
+    col = int(r - uint32_t(row) * uint32_t(p.n));
+  } else {
+    bz = idx / mn;
+    rem = idx % mn;
+    row = int(rem / p.n);
+    col = int(rem % p.n);
+  }
   const Acc* w = static_cast<const Acc*>(p.workspace) + bz * p.split_k * mn + rem;
-  Acc sum = w[0];
-  for (int s = 1; s < p.split_k; ++s) sum += w[s * mn];
+  constexpr int kGroup = 8;
+  Acc sum = Acc(0);
+  for (int s0 = 0; s0 < p.split_k; s0 += kGroup) {
+    Acc v[kGroup];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) v[j] = s0 + j < p.split_k ? w[(s0 + j) * mn] : Acc(0);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j)
+      if (s0 + j < p.split_k) sum = (s0 + j == 0) ? v[j] : sum + v[j];
+  }
   store_out<Acc>(p, bz, row, col, sum, Acc(0), false);
 }
 

@@ -1,6 +1,6 @@
 // The portable mainloop for layouts nn, tn and tt: sm80_gemm.cuh's kernel with each operand's major-ness (K-major or
-// MN-major) a compile-time parameter. The nt kernel stays gemm_sm80_kernel, untouched, so its SASS (a digest gate)
-// does not move; a K-major operand here is loaded and read exactly as there.
+// MN-major) a compile-time parameter. The nt kernel stays gemm_sm80_kernel; a K-major operand here is loaded and
+// read as there (interior tiles without bounds checks, edge tiles zero-filled).
 //
 // MN-major tiles are stored as [k][mn] lines of kMN values, 128-byte swizzled, and read with ldmatrix .trans:
 // - 16-bit (w16a16): .trans gives the mma fragment as it is (two consecutive k of one m / n per register).
@@ -66,9 +66,17 @@ struct KMajorTile {
     src0 = base + int64_t(first_row + row0) * row_bytes + chunk * 16;
     off0 = tile_offset<kRows>(row0, chunk);
   }
-  // K tile `kt` into the tile at shared address `dst`: zero-filled past the rows and past K.
+  // K tile `kt` into the tile at shared address `dst`: zero-filled past the rows and past K. A tile whose rows and
+  // K range all lie inside the operand (the common case) copies without bounds checks.
   __device__ __forceinline__ void load(uint32_t dst, int kt) const {
     const int64_t kb = int64_t(kt) * kRowBytes;
+    if (rows_left >= kRows && kb + kRowBytes <= k_bytes) {
+#pragma unroll
+      for (int r = 0; r < kIters; ++r)
+        if (kIters * kRowStep == kRows || row0 + r * kRowStep < kRows)
+          cp_async16_zfill_bytes(dst + off0 + r * kRowStep * 128, src0 + kb + r * (kRowStep * row_bytes), 16);
+      return;
+    }
     const int bytes = chunk_bytes(k_bytes - kb - chunk * 16);
 #pragma unroll
     for (int r = 0; r < kIters; ++r) {
@@ -104,6 +112,17 @@ struct MnMajorTile {
     bytes = chunk_bytes(int64_t(mn) * kElemBytes - start);  // a chunk across the end of the mn range: zeros after it
   }
   __device__ __forceinline__ void load(uint32_t dst, int kt) const {
+    if (bytes == 16 && (kt + 1) * kKTile <= k) {  // this thread's chunk inside mn and the whole K tile inside k
+      const uint8_t* src = src0 + int64_t(kt) * kKTile * line_bytes;
+#pragma unroll
+      for (int r = 0; r < kIters; ++r) {
+        const int kl = line0 + r * kLineStep;
+        if (kIters * kLineStep == kKTile || kl < kKTile)
+          cp_async16_zfill_bytes(dst + mn_tile_offset<kKTile, kChunks>(kPermK ? k_line(kl) : kl, chunk),
+                                 src + kl * line_bytes, 16);
+      }
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < kIters; ++r) {
       const int kl = line0 + r * kLineStep;

@@ -25,6 +25,7 @@
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/sm80_gemm.cuh"
+#include "kernels/gemm/sm80_gemm_launch.cuh"
 
 namespace astrai {
 namespace gemm {
@@ -169,6 +170,8 @@ __device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0,
     }
   }
 
+  launch_dependents();  // a split's reduction may be scheduled now (it waits for this grid before reading)
+
   // acc[j][e]: b row n0 + g + 8 (e / 2), token m0 + 8 j + 2 t + e % 2.
 #pragma unroll
   for (int j = 0; j < kTokenTiles; ++j)
@@ -210,12 +213,7 @@ cudaError_t launch_stream(const GemmParams& p, cudaStream_t stream) {
     gemm_stream_kernel<Pair, 2><<<grid, SR::kThreads, 0, stream>>>(p);  // a last block of <= 8 rows reads row m0 twice
   }
   ASTRAI_CUDA_TRY(cudaGetLastError());
-  if (p.split_k > 1) {
-    const int64_t total = int64_t(p.m) * p.n * p.batch;
-    gemm_reduce_kernel<float><<<unsigned(ceil_div<int64_t>(total, 256)), 256, 0, stream>>>(p);
-    ASTRAI_CUDA_TRY(cudaGetLastError());
-  }
-  return cudaSuccess;
+  return p.split_k > 1 ? launch_split_reduce<float>(p, stream) : cudaSuccess;
 }
 
 }  // namespace gemm
