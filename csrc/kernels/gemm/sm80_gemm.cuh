@@ -240,9 +240,10 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
   const uint8_t* const a_src0 = a_base + int64_t(m0 + a_row0) * a_row_bytes + a_chunk * 16;
   const uint8_t* const b_src0 = b_base + int64_t(n0 + b_row0) * b_row_bytes + b_chunk * 16;
   const uint32_t a_off0 = tile_offset<R::kBM>(a_row0, a_chunk), b_off0 = tile_offset<R::kBN>(b_row0, b_chunk);
-  // A CTA whose rows all lie inside m and n copies the K tiles that lie wholly inside k without bounds checks
-  // (one address add per chunk); the edge CTAs and the tile cut by k take the zero-filling path.
-  const bool rows_inside = m0 + R::kBM <= p.m && n0 + R::kBN <= p.n;
+  // An operand tile whose rows all lie inside m (a) or n (b) copies the K tiles that lie wholly inside k without
+  // bounds checks (one address add per chunk); edge tiles and the tile cut by k take the zero-filling path. Per
+  // operand: at M = 1 the weight tile (b) still takes the fast path.
+  const bool a_inside = m0 + R::kBM <= p.m, b_inside = n0 + R::kBN <= p.n;
   const int kt_inside = p.k / Pair::kKTile;
   const int64_t a_row_step = kARowStep * a_row_bytes, b_row_step = kBRowStep * b_row_bytes;
   constexpr bool kAEven = kAIters * kARowStep == R::kBM, kBEven = kBIters * kBRowStep == R::kBN;
@@ -250,38 +251,40 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
     const uint32_t a_dst = smem_base + stage * S::kStageBytes + a_off0;
     const uint32_t b_dst = smem_base + stage * S::kStageBytes + S::kAStageBytes + b_off0;
     const int64_t a_kb = int64_t(kt) * S::kARowBytes, b_kb = int64_t(kt) * 128;
-    if (rows_inside && kt < kt_inside) {
-      const uint8_t* a_src = a_src0 + a_kb;
-      const uint8_t* b_src = b_src0 + b_kb;
+    const bool k_inside = kt < kt_inside;
+    if (a_inside && k_inside) {
 #pragma unroll
       for (int r = 0; r < kAIters; ++r)
         if (kAEven || a_row0 + r * kARowStep < R::kBM)
-          cp_async16_zfill_bytes(a_dst + r * kARowStep * 128, a_src + r * a_row_step, 16);
+          cp_async16_zfill_bytes(a_dst + r * kARowStep * 128, a_src0 + a_kb + r * a_row_step, 16);
+    } else {
+      const int a_bytes = chunk_bytes(a_k_bytes - a_kb - a_chunk * 16);
+#pragma unroll
+      for (int r = 0; r < kAIters; ++r) {
+        const int row = a_row0 + r * kARowStep;
+        if (row < R::kBM) {
+          const bool in = m0 + row < p.m && a_bytes > 0;
+          // Row step a multiple of 8 rows: the swizzle phase, hence the offset's form, repeats.
+          cp_async16_zfill_bytes(a_dst + r * kARowStep * 128,
+                                 in ? a_src0 + r * kARowStep * a_row_bytes + a_kb : a_base, in ? a_bytes : 0);
+        }
+      }
+    }
+    if (b_inside && k_inside) {
 #pragma unroll
       for (int r = 0; r < kBIters; ++r)
         if (kBEven || b_row0 + r * kBRowStep < R::kBN)
-          cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128, b_src + r * b_row_step, 16);
-      return;
-    }
-    const int a_bytes = chunk_bytes(a_k_bytes - a_kb - a_chunk * 16);
-    const int b_bytes = chunk_bytes(b_k_bytes - b_kb - b_chunk * 16);
+          cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128, b_src0 + b_kb + r * b_row_step, 16);
+    } else {
+      const int b_bytes = chunk_bytes(b_k_bytes - b_kb - b_chunk * 16);
 #pragma unroll
-    for (int r = 0; r < kAIters; ++r) {
-      const int row = a_row0 + r * kARowStep;
-      if (row < R::kBM) {
-        const bool in = m0 + row < p.m && a_bytes > 0;
-        // Row step a multiple of 8 rows: the swizzle phase, hence the offset's form, repeats.
-        cp_async16_zfill_bytes(a_dst + r * kARowStep * 128, in ? a_src0 + r * kARowStep * a_row_bytes + a_kb : a_base,
-                               in ? a_bytes : 0);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kBIters; ++r) {
-      const int row = b_row0 + r * kBRowStep;
-      if (row < R::kBN) {
-        const bool in = n0 + row < p.n && b_bytes > 0;
-        cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128, in ? b_src0 + r * kBRowStep * b_row_bytes + b_kb : b_base,
-                               in ? b_bytes : 0);
+      for (int r = 0; r < kBIters; ++r) {
+        const int row = b_row0 + r * kBRowStep;
+        if (row < R::kBN) {
+          const bool in = n0 + row < p.n && b_bytes > 0;
+          cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128,
+                                 in ? b_src0 + r * kBRowStep * b_row_bytes + b_kb : b_base, in ? b_bytes : 0);
+        }
       }
     }
   };
@@ -403,40 +406,18 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
 
 // Sums the split_k partials of each output element in split order, then the epilogue. One thread per element.
 // Launched as a programmatic dependent of the kernel that wrote the partials where the image's code allows
-// (sm80_gemm_launch.cuh): it waits for that grid before its first read. The loads of a group of eight splits are
-// issued together; the adds stay in split order (the bits do not depend on the grouping).
+// (sm80_gemm_launch.cuh): it waits for that grid before its first read.
 template <class Acc>
 __global__ void __launch_bounds__(256) gemm_reduce_kernel(const __grid_constant__ GemmParams p) {
   wait_prerequisites();
   const int64_t mn = int64_t(p.m) * p.n;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= mn * p.batch) return;
-  int64_t bz, rem;
-  int row, col;
-  if (mn * p.batch <= INT32_MAX) {  // 32-bit division where the sizes allow (most calls)
-    const uint32_t i = uint32_t(idx), umn = uint32_t(mn);
-    bz = i / umn;
-    const uint32_t r = i - uint32_t(bz) * umn;
-    rem = r;
-    row = int(r / uint32_t(p.n));
-    col = int(r - uint32_t(row) * uint32_t(p.n));
-  } else {
-    bz = idx / mn;
-    rem = idx % mn;
-    row = int(rem / p.n);
-    col = int(rem % p.n);
-  }
+  const int64_t bz = idx / mn, rem = idx % mn;
+  const int row = int(rem / p.n), col = int(rem % p.n);
   const Acc* w = static_cast<const Acc*>(p.workspace) + bz * p.split_k * mn + rem;
-  constexpr int kGroup = 8;
-  Acc sum = Acc(0);
-  for (int s0 = 0; s0 < p.split_k; s0 += kGroup) {
-    Acc v[kGroup];
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) v[j] = s0 + j < p.split_k ? w[(s0 + j) * mn] : Acc(0);
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j)
-      if (s0 + j < p.split_k) sum = (s0 + j == 0) ? v[j] : sum + v[j];
-  }
+  Acc sum = w[0];
+  for (int s = 1; s < p.split_k; ++s) sum += w[s * mn];
   store_out<Acc>(p, bz, row, col, sum, Acc(0), false);
 }
 
