@@ -1,6 +1,5 @@
 // Attention launchers: decode planner, parameter checks, decode dispatch (decode + combine), paged KV append.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -79,20 +78,8 @@ bool append_params_valid(const AppendParams& p) {
 cudaError_t decode_pdl_enabled(bool* pdl) {
   *pdl = false;
   if (env_knob_off("ASTRAI_DECODE_PDL")) return cudaSuccess;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) return cudaSuccess;
-  int8_t state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attr{};
-    ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, attention::decode_combine_kernel));
-    state = attr.ptxVersion >= 90 ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  *pdl = state == 2;
-  return cudaSuccess;
+  static PdlCodeCache known;
+  return code_waits_for_grid(attention::decode_combine_kernel, known, pdl);
 }
 
 template <int kHeadDim>

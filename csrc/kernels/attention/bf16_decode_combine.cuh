@@ -6,6 +6,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/bf16_decode_split_kv.cuh"
 #include "kernels/attention/decode_dispatch.h"
+#include "kernels/common/host/pdl_launch.h"
 #include "kernels/common/ptx/griddep.cuh"
 #include "kernels/common/ptx/math.cuh"
 #include "kernels/common/vec_types.cuh"
@@ -123,7 +124,7 @@ cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, bo
   // One block per (b, q head) row: kCombineLanes split lanes x D/8 chunks (64..256 threads).
   const int64_t rows = int64_t(p.batch) * p.num_q_heads;
   const dim3 block(unsigned((p.head_dim / 8) * kCombineLanes));
-  return launch_decode_grid(decode_combine_kernel, dim3(unsigned(rows)), block, 0, stream, pdl, p);
+  return launch_maybe_dependent(decode_combine_kernel, dim3(unsigned(rows)), block, 0, stream, pdl, p);
 }
 
 }  // namespace attention

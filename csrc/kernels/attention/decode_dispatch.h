@@ -8,24 +8,6 @@
 namespace astrai {
 namespace attention {
 
-// Launches kernel<<<grid, block, smem_bytes, stream>>>(p); with pdl, as a programmatic dependent of the stream's
-// previous kernel (the kernel must then wait with griddepcontrol.wait before touching global memory).
-template <class Kernel>
-cudaError_t launch_decode_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, bool pdl,
-                               const DecodeParams& p) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
-
 // Launches decode_split_kv_kernel<kHeadDim, paged, tile> for params already checked by the launcher, the tile
 // DecodeDefaultTile<kHeadDim> or, for short splits and small-shared-memory GPUs, DecodeSmallSmemTile<kHeadDim>
 // (with num_splits > 1: the combine is the caller's).

@@ -9,6 +9,7 @@
 #include "kernels/attention/decode_dispatch.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
+#include "kernels/common/host/pdl_launch.h"
 
 namespace astrai {
 namespace attention {
@@ -29,7 +30,7 @@ cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream, bool 
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (status != cudaSuccess) return status;
   }
-  return launch_decode_grid(kernel, grid, dim3(unsigned(Traits::kThreads)), Traits::kSmemBytes, stream, pdl, p);
+  return launch_maybe_dependent(kernel, grid, dim3(unsigned(Traits::kThreads)), Traits::kSmemBytes, stream, pdl, p);
 }
 
 // Whether a block of the current device may take `bytes` of dynamic shared memory (plus the decode kernel's

@@ -9,6 +9,7 @@
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/env_knob.h"
+#include "kernels/common/host/pdl_launch.h"
 #include "kernels/gemm/sm80_gemm.cuh"
 #include "kernels/gemm/sm80_gemm_majors.cuh"
 
@@ -46,20 +47,8 @@ template <class Acc>
 cudaError_t split_reduce_pdl(bool* pdl) {
   *pdl = false;
   if (env_knob_off("ASTRAI_GEMM_PDL")) return cudaSuccess;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) return cudaSuccess;
-  int8_t state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attr{};
-    ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, gemm_reduce_kernel<Acc>));
-    state = attr.ptxVersion >= 90 ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  *pdl = state == 2;
-  return cudaSuccess;
+  static PdlCodeCache known;
+  return code_waits_for_grid(gemm_reduce_kernel<Acc>, known, pdl);
 }
 
 // The split-K reduction of a kernel's partials, for params in the output's orientation, launched right after
@@ -69,17 +58,8 @@ cudaError_t launch_split_reduce(const GemmParams& r, cudaStream_t stream) {
   bool pdl = false;
   ASTRAI_CUDA_TRY(split_reduce_pdl<Acc>(&pdl));
   const int64_t total = int64_t(r.m) * r.n * r.batch;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(ceil_div<int64_t>(total, 256)));
-  config.blockDim = dim3(256);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  ASTRAI_CUDA_TRY(cudaLaunchKernelEx(&config, gemm_reduce_kernel<Acc>, r));
-  return cudaSuccess;
+  return launch_maybe_dependent(gemm_reduce_kernel<Acc>, dim3(unsigned(ceil_div<int64_t>(total, 256))), dim3(256), 0,
+                                stream, pdl, r);
 }
 
 template <class Pair, class R, bool kAMn = false, bool kBMn = false>
