@@ -264,7 +264,7 @@ void run(const char* op, Problem& pr, const Tensor& a, int64_t recipe) {
   const char* why = gemm_unsupported(pr.pair, pr.p.layout, int(recipe));
   check(why == nullptr, op, why ? why : "");
   Tensor workspace;
-  const int64_t ws = gemm_workspace_bytes(pr.p);
+  const int64_t ws = gemm_workspace_bytes(pr.p, pr.pair, int(recipe));
   if (ws > 0) {
     workspace = torch::stable::new_empty(a, {ws / 4}, ScalarType::Float);
     pr.p.workspace = workspace.data_ptr();

@@ -517,7 +517,7 @@ ErrorStats run_case(const Case& c, Rng& rng) {
   p.out_dtype = c.epi.out;
   p.bias_dtype = c.epi.bias;
   // Workspace poisoned too: NaN partials (fp32), or sums far off (s32), if a split leaves a slice unwritten.
-  DeviceBuffer<uint8_t> ws(size_t(gemm_workspace_bytes(p)));
+  DeviceBuffer<uint8_t> ws(size_t(gemm_workspace_bytes(p, pi.pair, c.recipe)));
   if (ws.size()) TEST_CUDA_CHECK(cudaMemset(ws.get(), pi.group == Group::kW8A8 ? 0x80 : 0xff, ws.size()));
   p.workspace = ws.size() ? ws.get() : nullptr;
 
@@ -575,6 +575,35 @@ std::vector<Case> shapes_for(int pair, int layout, int recipe) {
   return v;
 }
 
+// w8a16's weight-stream kernel (layout nt, recipe 2) by its own geometry: split_k slices run as the warps of one
+// CTA up to kGemmStreamMaxWarpsK (summed in order inside it), more add CTAs along K and the reduction; the launcher
+// packs 1..24 groups of 16 weight rows a CTA, some past N. Splits odd and past the K tiles (empty slices), N off
+// 16, M on both token-tile kernels and past one block of 16 rows, a broadcast batch.
+std::vector<Case> stream_shapes(int pair) {
+  const int kt = gemm_k_tile(kPairs[pair].pair);
+  auto shape = [&](int m, int n, int k, int split) {
+    Case c;
+    c.pair = pair;
+    c.recipe = 2;
+    c.m = m;
+    c.n = n;
+    c.k = k;
+    c.split_k = split;
+    return c;
+  };
+  std::vector<Case> v;
+  v.push_back(shape(1, 117, 3 * kt + 16, 5));
+  v.push_back(shape(9, 200, 40 * kt + 16, 19));
+  v.push_back(shape(16, 77, 30 * kt + 48, kGemmStreamMaxWarpsK + 6));
+  v.push_back(shape(17, 333, 60 * kt + 16, 2 * kGemmStreamMaxWarpsK + 5));
+  v.back().padded = true;
+  v.push_back(shape(3, 50, 8 * kt + 16, 7));
+  v.back().batch = 2;
+  v.back().b_batched = false;
+  v.push_back(shape(5, 4099, 2 * kt, 1));
+  return v;
+}
+
 std::vector<Case> make_cases(bool small) {
   std::vector<Case> cases;
   if (small) {
@@ -595,7 +624,12 @@ std::vector<Case> make_cases(bool small) {
         cases.push_back(c);
       }
     }
-    Case odd = shapes_for(2, 0, kGemmRecipes - 1)[4];  // bf16 x s8, odd K, b broadcast over 3 batches
+    for (const Case& base : {stream_shapes(2)[2], stream_shapes(3)[0]}) {  // CTAs along K; groups past N
+      Case c = base;
+      c.epi = epilogues_of(kPairs[c.pair])[3];
+      cases.push_back(c);
+    }
+    Case odd = shapes_for(2, 0, 2)[4];  // bf16 x s8 on the stream kernel, odd K, b broadcast over 3 batches
     odd.m = 9;
     odd.epi = epilogues_of(kPairs[2])[5];
     cases.push_back(odd);
@@ -620,6 +654,17 @@ std::vector<Case> make_cases(bool small) {
             cases.push_back(c);
           }
           ++shape_index;
+        }
+      }
+    if (li == 0)
+      for (int pi : {2, 3}) {
+        const std::vector<Epilogue> epis = epilogues_of(kPairs[pi]);
+        int shape_index = 0;
+        for (Case c : stream_shapes(pi)) {
+          c.epi = epis[turn[size_t(pi)]++ * 5 % epis.size()];
+          cases.push_back(c);
+          c.epi = exact_epilogue(kPairs[pi], shape_index++);
+          cases.push_back(c);
         }
       }
     // Every epilogue of every pair on one small shape (fp8: every scale pair and out dtype, bias rotating), the
@@ -673,10 +718,10 @@ bool check_launcher_contract() {
     p.a_row_stride = p.b_row_stride = p.out_row_stride = 64;
     p.m = p.n = p.k = p.batch = p.split_k = 1;
     p.out_dtype = pi.group == Group::kW8A8 ? GemmOut::kS32 : GemmOut::kF32;
-    ok = ok && gemm_workspace_bytes(p) == 0;
+    ok = ok && gemm_workspace_bytes(p, pi.pair, 0) == 0;
     ok = ok && gemm_launch(p, pi.pair, kGemmRecipes, nullptr) == cudaErrorInvalidValue;
     p.split_k = 3;
-    ok = ok && gemm_workspace_bytes(p) >= 3 * 4;
+    ok = ok && gemm_workspace_bytes(p, pi.pair, 0) >= 3 * 4;
   }
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaDeviceSynchronize());
@@ -818,7 +863,7 @@ int run_bench(const cudaDeviceProp& prop) {
             p.a_scale_per_row = bp.a == Scale::kVector;
             p.b_scale_per_col = bp.b == Scale::kVector;
             p.out_dtype = GemmOut::kBf16;
-            DeviceBuffer<uint8_t> ws(size_t(gemm_workspace_bytes(p)));
+            DeviceBuffer<uint8_t> ws(size_t(gemm_workspace_bytes(p, pi.pair, recipe)));
             p.workspace = ws.size() ? ws.get() : nullptr;
             cudaError_t st = cudaSuccess;
             const double us = time_launches(p, pi.pair, recipe, b_ptrs, &st);

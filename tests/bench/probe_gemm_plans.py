@@ -1,38 +1,74 @@
-"""Developer probe of explicit GEMM plans at M >= 1024 where recipe 0's grid fills the SMs poorly (wave
-quantization): each (recipe, split_k) timed by CUDA-graph replay beside the anchor (cuBLAS bf16 `F.linear` for
-w16a16, `torch._int_mm` for w8a8 with int32 out), same run. Input for the planning issue; not gated.
+"""Developer probe of explicit GEMM plans, each timed by CUDA-graph replay beside its anchor in the same run.
+Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not gated.
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py
+- `grid` (default): every (recipe, split_k) of PLANS at M in MS over the issue's (N, K) grid, w16a16 against
+  cuBLAS bf16 `F.linear` and w8a8 (int32 out) against `torch._int_mm`; ratio = anchor / plan, and the built-in
+  plan's pick.
+- `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
+  weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
+
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream]
 """
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from astrai.extension.ops import gemm as ops
-from gpu_timing import time_graph
+from gpu_timing import l2_bytes, time_graph
 
 ops.load()
 op = torch.ops.astrai.quant_gemm
-PLANS = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1), (1, 2), (1, 4)]
-SHAPES = [(1024, 2112, 7168), (4096, 2112, 7168), (1024, 4096, 4096), (1024, 7168, 2048), (4096, 7168, 2048)]
+NUM_SMS = torch.cuda.get_device_properties(0).multi_processor_count
+PLANS = [(0, 1), (0, 2), (0, 4), (3, 1), (3, 2), (3, 4), (1, 1), (1, 2), (1, 4)]
+MS = [128, 256, 1024, 4096]
+NK = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (2112, 7168), (24576, 1536), (7168, 16384),
+      (4096, 7168), (7168, 2048)]
+SPLITS = [1, 2, 3, 4, 6, 8, 11, 12, 14, 16, 19, 24, 32, 48]
 
 
-def us(fn, s):
-    return statistics.median(time_graph(fn, [s], 10, 7))
+def us(fn, sets, calls=10):
+    return statistics.median(time_graph(fn, sets, calls, 7))
 
 
-for m, n, k in SHAPES:
-    s16 = (torch.randn(m, k, device="cuda").bfloat16(), torch.randn(n, k, device="cuda").bfloat16())
-    s8 = (torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8),
-          torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8))
-    a16 = us(lambda s: F.linear(s[0], s[1]), s16)
-    a8 = us(lambda s: torch._int_mm(s[0], s[1].t()), s8)
-    row16, row8 = [], []
-    for recipe, split in PLANS:
-        t16 = us(lambda s: op(s[0], s[1], None, None, None, torch.bfloat16, 0, recipe, split), s16)
-        t8 = us(lambda s: op(s[0], s[1], None, None, None, torch.int32, 0, recipe, split), s8)
-        row16.append(f"{recipe}/{split} {a16 / t16:.3f}")
-        row8.append(f"{recipe}/{split} {a8 / t8:.3f}")
-    print(f"M={m} N={n} K={k} w16a16 (cuBLAS {a16:.1f} us): " + "  ".join(row16))
-    print(f"M={m} N={n} K={k} w8a8 (_int_mm {a8:.1f} us): " + "  ".join(row8))
+def grid():
+    for m in MS:
+        for n, k in NK:
+            s16 = (torch.randn(m, k, device="cuda").bfloat16(), torch.randn(n, k, device="cuda").bfloat16())
+            s8 = (torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8),
+                  torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8))
+            a16 = us(lambda s: F.linear(s[0], s[1]), [s16])
+            a8 = us(lambda s: torch._int_mm(s[0], s[1].t()), [s8])
+            for name, sets, anchor, out in (("w16a16", s16, a16, torch.bfloat16), ("w8a8", s8, a8, torch.int32)):
+                row = []
+                for recipe, split in PLANS:
+                    t = us(lambda s: op(s[0], s[1], None, None, None, out, 0, recipe, split), [sets])
+                    row.append(f"{recipe}/{split} {anchor / t:.3f}")
+                pick = ops.builtin_plan(m, n, k, name, NUM_SMS)
+                print(f"{name} M={m} N={n} K={k} anchor {anchor:.1f} us, built-in {pick[0]}/{pick[1]}: "
+                      + "  ".join(row), flush=True)
+
+
+def stream():
+    for n, k in NK:
+        sets_needed = max(1, -(-3 * l2_bytes() // (n * k)))
+        w8 = [torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8) for _ in range(sets_needed)]
+        w16 = [w.bfloat16() for w in w8]
+        scale = torch.rand(n, device="cuda") + 0.5
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            anchor = us(lambda w: F.linear(x, w), w16, 20)
+            row = []
+            for split in SPLITS:
+                if split > -(-k // 128):
+                    continue
+                t = us(lambda w: op(x, w, None, scale, None, torch.bfloat16, 0, 2, split), w8, 20)
+                row.append(f"{split}: {t:.2f}")
+            pick = ops.builtin_plan(m, n, k, "w8a16", NUM_SMS)[1]
+            print(f"w8a16 M={m} N={n} K={k} cuBLAS bf16 {anchor:.2f} us, built-in split {pick}; us per split: "
+                  + "  ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    {"grid": grid, "stream": stream}[sys.argv[1] if len(sys.argv) > 1 else "grid"]()

@@ -39,8 +39,8 @@ PLAN_TABLE = {
     (17, 4096, 8192, 132): (1, 8),     # 32 tiles under a wave, K >= 4096
     (64, 4096, 2048, 132): (1, 1),     # under a wave but K < 4096
     (64, 32768, 8192, 132): (1, 1),    # 256 tiles
-    (65, 4096, 4096, 132): (0, 1),
-    (4096, 4096, 4096, 132): (0, 1),
+    (65, 4096, 4096, 132): (0, 4),     # model: 32 tiles x 4 still one CTA a SM, a quarter of K each
+    (4096, 4096, 4096, 132): (0, 1),   # model: 1024 tiles, no split pays
 }
 
 
@@ -55,21 +55,57 @@ def test_builtin_plan_table(case, pair):
         assert ops.builtin_plan(m, n, k, pair, sms) == PLAN_TABLE[case]
 
 
-# w8a16, layout nt, M <= 16 -> recipe 2 on the weight-stream kernel: the largest power of two split <= 32 whose
-# grid (N / 64 tiles x split) fits one resident wave (8 CTAs a SM at M <= 8, 6 above), K / split >= 256, and
-# 8 * split * M <= K / 4 (the partials at most a quarter of the weight bytes). Worked by hand.
+# w8a16, layout nt, M <= 16 -> recipe 2 on the weight-stream kernel: the most K slices (one warp each, <= 24, each
+# >= 2 K tiles of 128, counted as ceil(k_tiles / per_slice) so no warp idles) whose CTAs of one slice per warp on 16
+# weight rows fit one resident wave: ceil(N / 16) <= (warps // split) * SMs, warps 32 a SM at M <= 8, 24 above.
+# Worked by hand.
 STREAM_PLAN_TABLE = {
-    (1, 4096, 4096, 132): (2, 16),     # 64 tiles x 16 = 1024 <= 1056; x 32 would not fit
-    (8, 4096, 4096, 132): (2, 16),     # partials 8 * 16 * 8 = 1024 = K / 4: still allowed
-    (9, 4096, 4096, 132): (2, 8),      # 6 CTAs a SM: 792 resident, x 16 = 1024 does not fit
-    (16, 4096, 4096, 132): (2, 8),     # x 8 fits, and partials 8 * 8 * 16 = K / 4
-    (1, 14336, 4096, 132): (2, 4),     # 224 tiles x 4 = 896; x 8 would not fit
-    (1, 4096, 1024, 132): (2, 4),      # K / 4 = 256 values a split: the floor
+    (1, 4096, 4096, 132): (2, 16),     # 256 groups <= (32 // 16) * 132 = 264
+    (8, 4096, 4096, 132): (2, 16),
+    (9, 4096, 4096, 132): (2, 11),     # 24 warps: 16 gives 132 < 256; 32 tiles / 3 a slice = 11 gives 264
+    (16, 4096, 4096, 132): (2, 11),
+    (1, 14336, 4096, 132): (2, 4),     # 896 groups: 5 slices give 6 * 132 = 792, 4 give 1056
+    (1, 2112, 7168, 132): (2, 19),     # 56 tiles: 2 a slice would be 28 > 24 warps; 3 a slice make 19 slices
+    (1, 4096, 1024, 132): (2, 4),      # 8 tiles: 2 a slice (256 values of K) is the floor
     (1, 4096, 0, 132): (2, 1),         # K = 0
-    (16, 64, 65536, 132): (2, 32),     # one tile: capped at 32 splits
-    (1, 64, 65536, 1): (2, 8),         # one SM: 8 resident CTAs
-    (16, 4096, 512, 132): (2, 1),      # partials: 8 * 2 * 16 = 256 > K / 4 = 128
+    (16, 64, 65536, 132): (2, 24),     # 4 groups: capped at 24 warps (512 tiles / 22 a slice)
+    (1, 64, 65536, 1): (2, 8),         # one SM: 4 groups <= 32 // 8
+    (16, 4096, 512, 132): (2, 2),      # 4 tiles: two slices of two
+    (1, 24576, 1536, 132): (2, 2),     # 1536 groups: (32 // 2) * 132 = 2112
 }
+
+
+def _model_cost(m, n, k, recipe, split, sms):
+    # ops.gemm's large-M estimate, written out again: CTAs of the busiest SM x a CTA's work / the SM's rate at that
+    # many resident CTAs, plus the split's cost per output element and split.
+    tm, tn = {0: (128, 128), 1: (64, 128), 3: (128, 64)}[recipe]
+    rates = {0: (0.94, 1.0), 1: (0.66, 0.83), 3: (0.73, 0.90, 0.84)}[recipe]
+    q = -(-(-(-m // tm) * -(-n // tn) * split) // sms)
+    return q * tm * tn * -(-k // split) / rates[min(q, len(rates)) - 1] + (7.5 * m * n * split if split > 1 else 0)
+
+
+# M > 64: (M, N, K) on 132 SMs -> the plan of w16a16 / w8a8 / fp8 in "nt", by the model worked out above.
+LARGE_M_TABLE = {
+    (1024, 2112, 7168): (3, 1),   # 136 tiles of 128 x 128 put two on 4 SMs; 264 of 128 x 64 spread at 2 a SM
+    (4096, 2112, 7168): (3, 1),
+    (128, 4096, 4096): (3, 2),    # 32 tiles: half-width tiles and a split of 2 fill 128 SMs
+    (256, 14336, 4096): (0, 1),
+    (1024, 4096, 4096): (0, 1),
+    (4096, 14336, 4096): (0, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(LARGE_M_TABLE), ids=str)
+def test_large_m_plan_is_the_models_least_cost(case):
+    m, n, k = case
+    costs = {(r, s): _model_cost(m, n, k, r, s, 132) for r in (0, 1, 3) for s in (1, 2, 4, 8) if s == 1 or k // s >= 1024}
+    assert min(costs, key=costs.get) == LARGE_M_TABLE[case]
+    for pair in ("w16a16", "w8a8", "fp8"):
+        assert ops.builtin_plan(m, n, k, pair, 132) == LARGE_M_TABLE[case]
+    # recipe 3 only in "nt" and never for w8a16: the others take the best of recipes 0 and 1
+    no3 = {p: c for p, c in costs.items() if p[0] != 3}
+    assert ops.builtin_plan(m, n, k, "w8a16", 132) == min(no3, key=no3.get)
+    assert ops.builtin_plan(m, n, k, "w8a8", 132, layout="nn") == min(no3, key=no3.get)
 
 
 @pytest.mark.parametrize("case", list(STREAM_PLAN_TABLE), ids=str)
@@ -83,7 +119,7 @@ def test_w8a16_batch_invariant_plan_is_the_stream_at_every_m():
     """The stream kernel sums K in its own order, so w8a16's invariant plan in "nt" keeps recipe 2 at every M, with
     the split of M = 16; its other layouts keep the mainloop's (recipe follows M, split follows (N, K))."""
     for m in (0, 1, 8, 16, 17, 64, 65, 4096):
-        assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True) == (2, 8)
+        assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True) == (2, 11)
         assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True, layout="nn") == \
             ops.builtin_plan(m, 4096, 4096, "w8a8", 132, batch_invariant=True)
 
@@ -153,14 +189,15 @@ def test_swapped_layouts():
             assert ops.runs_swapped(pair, code) == (name == "tt" and pair != "w8a16")
 
 
-# (M, N, K) of a swapped "tt" -> its plan on 132 SMs: the recipe follows N (the kernel's rows); a grid under one
-# wave splits K to fill it (capped by 1024 of K per split and 16 splits).
+# (M, N, K) of a swapped "tt" -> its plan on 132 SMs: planned as the "nn" kernel sees it (rows N, columns M: the
+# large-M model where N > 64, recipe 3 never); a grid still under one wave with split 1 splits K to fill it
+# (capped by 1024 of K per split and 16 splits).
 SWAPPED_PLANS = {
     (16, 4096, 4096): (0, 4),      # 32 tiles of 128 x 128 (16 columns used): x4 fills a wave
     (1, 4096, 16384): (0, 8),      # 32 tiles: x8 reaches a wave (256 CTAs)
     (1, 64, 4096): (1, 4),         # N = 64 rows: recipe 1, one tile, split capped at K / 1024
     (4096, 4096, 4096): (0, 1),    # 1024 tiles: no split
-    (300, 2048, 1024): (0, 1),     # 48 tiles but K too short to split
+    (300, 2048, 1024): (1, 1),     # model: 48 tiles of recipe 0 or 96 of recipe 1, one a SM; K too short to split
 }
 
 
@@ -188,7 +225,7 @@ def test_data():
     assert ops.LAYOUT_DIMS == {"nt": ("[M, K]", "[N, K]"), "nn": ("[M, K]", "[K, N]"), "tn": ("[K, M]", "[K, N]"),
                                "tt": ("[K, M]", "[N, K]")}
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
-        "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64)}
+        "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64)}
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e5m2) is None

@@ -71,6 +71,7 @@ RECIPES = {
     0: Recipe("m128n128", 128, 128),
     1: Recipe("m64n128", 64, 128),
     2: Recipe("m16n64", 16, 64),  # small M: the weight stream, used with split_k
+    3: Recipe("m128n64", 128, 64),  # large M where recipe 0's last wave of tiles is short (N = 2112)
 }
 
 # The built-in plan's constants (see builtin_plan).
@@ -82,16 +83,26 @@ MAX_SPLIT_K = 16
 # Recipe 2 (the weight stream) splits K until its grid holds this many waves of CTAs: more blocks in flight hide the
 # latency of its short, copy-bound tiles (H200 sweep, docs/benchmarks.md: four waves were the fastest or within 2%).
 SMALL_M_WAVES = 4
-# w8a16's recipe 2 runs the weight-stream kernel (csrc/kernels/gemm/sm80_stream.cuh), whose split rule differs:
-# the largest power of two s <= STREAM_MAX_SPLIT_K whose grid still fits one resident wave (STREAM_CTAS_PER_SM
-# CTAs a SM at M <= 8, STREAM_CTAS_PER_SM_16 above: its register budget), with >= STREAM_MIN_K_PER_SPLIT values
-# of K a split and the fp32 partials (8 s M bytes a column, written and read) at most a quarter of the weight
-# bytes (K a column). From an H200 sweep of the kernel's design (docs/benchmarks.md, "the weight stream").
-STREAM_CTAS_PER_SM = 8
-STREAM_CTAS_PER_SM_16 = 6
-STREAM_MAX_SPLIT_K = 32
+# M > MEDIUM_M: the (recipe, split) of least estimated time, splits LARGE_M_SPLITS (each keeping >= MIN_K_PER_SPLIT
+# of K). Estimate = q * tile_m * tile_n * ceil(K / s) / RECIPE_RATE[recipe][min(q, len) - 1] + SPLIT_COST * M * N * s
+# (s > 1), q = ceil(tiles * s / num_sms) the CTAs of the busiest SM: RECIPE_RATE is an SM's relative throughput
+# with 1, 2 (, 3) resident CTAs of the recipe, SPLIT_COST the partials' write, read and second launch per output
+# element and split, in the same units. Fitted to an H200 sweep of 648 timed plans (w16a16 and w8a8, M 128-4096,
+# the issue's nine (N, K); docs/benchmarks.md): 1.3% geomean regret against the best plan timed, 16% at worst.
+# Recipe 3 (m128n64) only in layout "nt" and not for w8a16 (its 40 KB stages leave two CTAs a SM; not timed).
+LARGE_M_SPLITS = (1, 2, 4, 8)
+RECIPE_RATE = {0: (0.94, 1.0), 1: (0.66, 0.83), 3: (0.73, 0.90, 0.84)}
+SPLIT_COST = 7.5
+K_TILE_8BIT = 128  # K values of a K tile with 8-bit weights (128 bytes of a b row): the unit of a split
+# w8a16's recipe 2 in layout "nt" runs the weight-stream kernel (csrc/kernels/gemm/sm80_stream.cuh): one warp a
+# K slice of 16 weight rows, the slices of a CTA summed in order inside it (no workspace, no second kernel) up to
+# STREAM_MAX_WARPS_K. Its split is the most slices (each >= STREAM_MIN_K_PER_SPLIT values of K, none left idle by
+# the rounding of K tiles to slices) whose grid of one-slice-per-warp CTAs still fits one resident wave at
+# STREAM_WARPS_PER_SM warps a SM (M <= 8: <= 64 registers a thread) or STREAM_WARPS_PER_SM_16 (M > 8).
+STREAM_MAX_WARPS_K = 24
+STREAM_WARPS_PER_SM = 32
+STREAM_WARPS_PER_SM_16 = 24
 STREAM_MIN_K_PER_SPLIT = 256
-
 
 
 def pair_of(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
@@ -166,14 +177,16 @@ def _split_k(tiles: int, k: int, num_sms: int, waves: int = 1) -> int:
 
 def _stream_split(m: int, n: int, k: int, num_sms: int) -> int:
     """w8a16 recipe 2's split (the STREAM_* rule above) for M rows (1..16: one block of rows decides it)."""
-    rows = min(max(m, 1), SMALL_M)
-    resident = (STREAM_CTAS_PER_SM if rows <= 8 else STREAM_CTAS_PER_SM_16) * num_sms
-    tiles = math.ceil(n / RECIPES[2].tile_n)
-    split = 1
-    while (2 * split <= STREAM_MAX_SPLIT_K and tiles * 2 * split <= resident
-           and k // (2 * split) >= STREAM_MIN_K_PER_SPLIT and 8 * 2 * split * rows <= k // 4):
-        split *= 2
-    return split
+    warps = STREAM_WARPS_PER_SM if min(max(m, 1), SMALL_M) <= 8 else STREAM_WARPS_PER_SM_16
+    row_groups = math.ceil(n / 16)
+    k_tiles = math.ceil(k / K_TILE_8BIT)
+    best = 1
+    for per_slice in range(max(1, math.ceil(STREAM_MIN_K_PER_SPLIT / K_TILE_8BIT)), k_tiles + 1):
+        split = math.ceil(k_tiles / per_slice)  # the slices a split into this many K tiles each really makes
+        if split <= STREAM_MAX_WARPS_K and row_groups <= (warps // split) * num_sms:
+            best = split
+            break  # per_slice grows, so the first that fits is the most slices
+    return best
 
 
 def _tiles(m: int, n: int, recipe: int) -> int:
@@ -190,7 +203,9 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     - `M <= SMALL_M` (16): recipe 2 (m16n64), K split to fill `SMALL_M_WAVES` (4) waves;
     - `SMALL_M < M <= MEDIUM_M` (64): recipe 1 (m64n128), split only when the grid is under one wave and
       `K >= MEDIUM_SPLIT_MIN_K` (4096);
-    - else recipe 0 (m128n128), `split_k = 1`.
+    - else the (recipe, split) of least estimated time among recipes 0, 1 and 3 (3 only in layout "nt" and not
+      for w8a16) and splits 1, 2, 4, 8 (the `RECIPE_RATE` model: CTAs of the busiest SM times a CTA's work, over the
+      SM's measured relative throughput at that many resident CTAs, plus `SPLIT_COST` per output and split).
 
     w8a16 in layout "nt" at `M <= SMALL_M` runs recipe 2 on the weight-stream kernel, split by the `STREAM_*`
     rule instead (its other layouts run recipe 2 on the mainloop, with the rule above).
@@ -201,8 +216,9 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
 
     `batch_invariant=True`: the split depends only on (N, K) and the device, never on M (computed as for
     recipe 2 with one row of tiles), so a row's result does not depend on how many rows share the call; the
-    recipe still follows M, since every recipe sums a row's K in the same order. w8a16 is the exception: its
-    recipe 2 (the weight-stream kernel) sums K in another order than recipes 0 and 1, so its batch-invariant
+    recipe still follows M, since every mainloop recipe sums a row's K in the same order (at M > 64 the model
+    picks it for that split). w8a16 is the exception: its recipe 2 (the weight-stream kernel) sums K in another
+    order than recipes 0, 1 and 3, so its batch-invariant
     plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
     on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
@@ -223,14 +239,36 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
     if batch_invariant:
         # Every mainloop recipe walks K in the same order, so only the split must not depend on M.
-        recipe = 2 if m <= SMALL_M else 1 if m <= MEDIUM_M else 0
-        return recipe, _split_k(_tiles(1, n, 2), k, num_sms, SMALL_M_WAVES)
+        split = _split_k(_tiles(1, n, 2), k, num_sms, SMALL_M_WAVES)
+        if m <= MEDIUM_M:
+            return (2 if m <= SMALL_M else 1), split
+        return _large_m_plan(m, n, k, pair, num_sms, layout, (split,))[0], split
     if m <= SMALL_M:
         return 2, _split_k(_tiles(max(m, 1), n, 2), k, num_sms, SMALL_M_WAVES)
     if m <= MEDIUM_M:
         tiles = _tiles(m, n, 1)
         return 1, (_split_k(tiles, k, num_sms) if tiles < num_sms and k >= MEDIUM_SPLIT_MIN_K else 1)
-    return 0, 1
+    return _large_m_plan(m, n, k, pair, num_sms, layout)
+
+
+def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
+                  splits: tuple[int, ...] = LARGE_M_SPLITS) -> tuple[int, int]:
+    """M > MEDIUM_M: the (recipe, split) of least estimated time (the RECIPE_RATE model above); ties keep the
+    first of recipes 0, 1, 3 and the smaller split."""
+    recipes = (0, 1, 3) if layout == "nt" and pair != "w8a16" else (0, 1)
+    best, best_cost = (0, 1), math.inf
+    for recipe in recipes:
+        tile, rates = RECIPES[recipe], RECIPE_RATE[recipe]
+        for split in splits:
+            if split > 1 and k // split < MIN_K_PER_SPLIT:
+                continue
+            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
+            cost = q * tile.tile_m * tile.tile_n * math.ceil(k / split) / rates[min(q, len(rates)) - 1]
+            if split > 1:
+                cost += SPLIT_COST * m * n * split
+            if cost < best_cost:
+                best, best_cost = (recipe, split), cost
+    return best
 
 
 @functools.lru_cache(maxsize=None)
@@ -262,9 +300,11 @@ def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_inv
     if not runs_swapped(pair, layout):
         return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=batch_invariant,
                             layout=LAYOUT_NAMES.get(layout, "nt"))
-    recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms)
+    recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms, layout="nn")  # the kernel it runs
     if batch_invariant:
         split = builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=True)[1]
+        recipe = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms, layout="nn")[0] if shape.n <= MEDIUM_M \
+            else _large_m_plan(shape.n, shape.m, shape.k_a, pair, num_sms, "nn", (split,))[0]
     elif split == 1 and _tiles(shape.n, max(shape.m, 1), recipe) < num_sms:
         split = _split_k(_tiles(shape.n, max(shape.m, 1), recipe), shape.k_a, num_sms)
     return recipe, split

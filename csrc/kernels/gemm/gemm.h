@@ -8,7 +8,7 @@
 namespace astrai {
 
 // Tile recipes of the portable mma.sync mainloop, by the id the planner passes (docs/contracts.md, GEMM ops).
-constexpr int kGemmRecipes = 3;
+constexpr int kGemmRecipes = 4;
 
 // The CTA tile of a recipe (rows of a, columns of b) and the K tile in elements for a pair.
 int gemm_recipe_tile_m(int recipe);
@@ -22,8 +22,13 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe);
 // pair whose (b, a) pair exists: all but w8a16). The CTA grid's rows then tile N, its columns M.
 bool gemm_swaps_operands(GemmPair pair, GemmLayout layout);
 
-// Bytes of fp32 / s32 workspace a launch with p.split_k > 1 needs (0 for split_k == 1).
-int64_t gemm_workspace_bytes(const GemmParams& p);
+// Bytes of fp32 / s32 workspace the launch of (pair, recipe) with p.split_k needs for its partials (0 where the
+// kernel sums every split itself: split_k == 1, and w8a16's weight stream up to kGemmStreamMaxWarpsK splits).
+int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe);
+
+// w8a16's recipe 2 in layout nt (the weight-stream kernel) runs up to this many K splits as the warps of one CTA,
+// summed in split order inside it; a larger split_k adds CTAs along K and a reduction of their partials.
+constexpr int kGemmStreamMaxWarpsK = 24;
 
 // Launches the plan (pair, recipe, p.split_k) for params already checked by the binding, in layout p.layout (with
 // p.transpose_out = 0: the launcher sets it where it swaps); p.workspace as above.

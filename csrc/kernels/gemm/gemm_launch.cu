@@ -12,8 +12,10 @@ namespace astrai {
 
 namespace {
 // In recipe-id order, as gemm::launch_pair (sm80_gemm_launch.cuh) maps the ids to types.
-constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM};
-constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN};
+constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
+                                      gemm::RecipeM128N64::kBM};
+constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
+                                      gemm::RecipeM128N64::kBN};
 
 bool is_fp8(GemmPair pair) {
   return pair == GemmPair::kE4m3E4m3 || pair == GemmPair::kE5m2E4m3 || pair == GemmPair::kE4m3E5m2;
@@ -33,7 +35,7 @@ int gemm_k_tile(GemmPair pair) {
 }
 
 const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
-  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1 or 2";
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2 or 3";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
   if (!is_fp8(pair)) return nullptr;
   DeviceFacts facts{};
@@ -46,9 +48,12 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
   return nullptr;
 }
 
-int64_t gemm_workspace_bytes(const GemmParams& p) {
-  if (p.split_k <= 1) return 0;
-  return int64_t(p.batch) * p.split_k * p.m * p.n * 4;  // fp32 or s32 partials
+int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe) {
+  int64_t parts = p.split_k;
+  if ((pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8) && p.layout == GemmLayout::kNT && recipe == 2)
+    parts = ceil_div<int64_t>(p.split_k, kGemmStreamMaxWarpsK);  // the stream kernel's CTAs along K
+  if (parts <= 1) return 0;
+  return int64_t(p.batch) * parts * p.m * p.n * 4;  // fp32 or s32 partials
 }
 
 namespace {

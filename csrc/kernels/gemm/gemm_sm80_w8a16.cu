@@ -1,4 +1,4 @@
-// Instantiation unit: w8a16 (bf16 / fp16 activations x int8 weights), layout nt: recipes 0 and 1 on the portable
+// Instantiation unit: w8a16 (bf16 / fp16 activations x int8 weights), layout nt: recipes 0, 1 and 3 on the portable
 // mainloop, recipe 2 on the weight-stream kernel (sm80_stream.cuh).
 #include "kernels/gemm/sm80_gemm_launch.cuh"
 #include "kernels/gemm/sm80_groups.h"

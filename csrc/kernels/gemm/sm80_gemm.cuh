@@ -82,6 +82,9 @@ struct Recipe {
 using RecipeM128N128 = Recipe<128, 128, 64, 32, 4>;  // id 0: large M
 using RecipeM64N128 = Recipe<64, 128, 64, 32, 4>;    // id 1: mid M
 using RecipeM16N64 = Recipe<16, 64, 16, 16, 4>;      // id 2: small M, the weight stream (with split_k)
+// id 3: large M where recipe 0's grid leaves a short last wave (N = 2112: 17 columns of tiles): half the tile,
+// three CTAs a SM (<= 85 registers; 3 stages of 24 KB, w8a16 2 of 40 KB, in 80 KB).
+using RecipeM128N64 = Recipe<128, 64, 32, 32, 4, 3, 80>;
 
 template <class Pair, class R>
 struct Shape {

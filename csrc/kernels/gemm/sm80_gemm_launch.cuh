@@ -88,6 +88,7 @@ cudaError_t launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
     case 0: return launch_recipe<Pair, RecipeM128N128, kAMn, kBMn>(p, stream);
     case 1: return launch_recipe<Pair, RecipeM64N128, kAMn, kBMn>(p, stream);
     case 2: return launch_recipe<Pair, RecipeM16N64, kAMn, kBMn>(p, stream);
+    case 3: return launch_recipe<Pair, RecipeM128N64, kAMn, kBMn>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

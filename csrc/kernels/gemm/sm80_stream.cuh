@@ -9,10 +9,16 @@
 // flight, not by the expansion (removing it gained 0-8%): 32 resident warps a SM (<= 64 registers) and the L2
 // prefetch hint are what moved it, from 0.52-0.66x to 0.60-0.76x of a same-run read of the weights.
 //
+// A CTA is R groups of 16 b rows (threadIdx.z) times W warps along K (threadIdx.y): warp w of a group streams K
+// slice s W + w of its rows (s = the CTA's index along K, blockIdx.z), and the group's W partials are summed in
+// slice order through shared memory before the epilogue, so the common plan (split_k <= W) is one kernel with no
+// workspace. More slices than one CTA holds (split_k > kGemmStreamMaxWarpsK) add CTAs along K, whose partials
+// gemm_reduce_kernel sums in order. The host picks R from M and W from (N, K) (ops/gemm.py's stream rule).
+//
 // A lane's 16 bytes of a b row are 16 consecutive K values; K is permuted inside each 64-value chunk, the same way
-// for a and b, so the sum is the same: see stream_step. K order of an output: chunks in order within the split,
-// then splits in order (gemm_reduce_kernel). It depends on (N, K, split) only, not on M, but it is not the
-// mainloop's order, so a w8a16 row's bits differ between recipe 2 and recipes 0 / 1 (contracts.md).
+// for a and b, so the sum is the same: see stream_step. K order of an output: chunks in order within a slice, then
+// the slices in order (left to right: ((s0 + s1) + s2) ...). It depends on (N, K, split) only, not on M, but it is
+// not the mainloop's order, so a w8a16 row's bits differ between recipe 2 and recipes 0 / 1 / 3 (contracts.md).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +29,8 @@
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
+#include "kernels/gemm/gemm.h"
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/sm80_gemm.cuh"
 #include "kernels/gemm/sm80_gemm_launch.cuh"
@@ -31,16 +39,15 @@ namespace astrai {
 namespace gemm {
 
 struct StreamRecipe {
-  static constexpr int kWarps = 4;        // each on its own 16 b rows, all on the CTA's K range
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kMinBlocks = 8;    // 32 warps a SM: <= 64 registers a thread (one token tile)
   static constexpr int kInFlight = 2;     // 64-byte chunks of each b row a lane has loaded ahead
-  static constexpr int kRowsB = 16 * kWarps;
-  static constexpr int kRowsA = 16;
+  static constexpr int kRowsB = 16;       // b rows of a warp (the mma's 16-row side)
+  static constexpr int kRowsA = 16;       // a rows of a CTA (two n8 token tiles)
   static constexpr int kChunk = 64;       // b bytes (K values) of a row per step
+  static constexpr int kMaxWarps = kGemmStreamMaxWarpsK;  // R * W: warps of a CTA
+  // Registers: <= 64 a thread with one token tile (32 warps a SM), <= 80 with two (24 warps a SM).
+  static constexpr int kBoundThreads1 = 1024, kBoundThreads2 = 32 * kMaxWarps;
 };
-static_assert(StreamRecipe::kRowsB == RecipeM16N64::kBN && StreamRecipe::kRowsA == RecipeM16N64::kBM,
-              "the stream kernel runs recipe 2's tile");
+static_assert(StreamRecipe::kRowsA == RecipeM16N64::kBM, "the stream kernel runs recipe 2's rows of a");
 static_assert(PairBf16S8::kKTile == 2 * StreamRecipe::kChunk, "a split is a whole number of chunks");
 
 // 16 bytes of b, read once: not kept in L1, and the L2 fetches the 256-byte block around them.
@@ -57,6 +64,9 @@ __device__ __forceinline__ uint4 ld_tokens16(const uint8_t* p) {
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// Ask L1 for the line holding p (no register): a's next chunk, fetched while this one's mma run, so the token load
+// at that chunk hits L1 (a warp's token rows are read by no other warp of its CTA when the CTA holds one group).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 // The 16 bytes at p of which `left` lie inside the row, zeros past it; byte by byte, never past the row.
 __device__ __forceinline__ uint4 ld_tail16(const uint8_t* p, int64_t left) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
@@ -103,9 +113,12 @@ __device__ __forceinline__ void stream_step(float (&acc)[4], const uint4& w, con
   }
 }
 
-// kTokenTiles n8 tiles of tokens: 8 or 16 of a's rows (rows past M read row m0 and are not stored).
-template <class Pair, int kTokenTiles>
-__device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0, int split, int64_t bz) {
+// The partial sums of one warp: 16 b rows from n0 (< p.n) x kTokenTiles n8 tiles of tokens from m0, over K slice
+// `split` (empty past K); token rows past M read row m0 and are not stored. acc[j][e]: b row n0 + g + 8 (e / 2),
+// token m0 + 8 j + 2 t + e % 2.
+template <class Pair, int kTokenTiles, bool kPrefetchA>
+__device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0, int split, int64_t bz,
+                                             float (&acc)[kTokenTiles][4]) {
   using SR = StreamRecipe;
   using TA = typename Pair::TA;
   constexpr int kU = SR::kInFlight;
@@ -128,7 +141,6 @@ __device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0,
     x_row[j] = reinterpret_cast<const uint8_t*>(a_base + int64_t(m < p.m ? m : m0) * p.a_row_stride) + 32 * t;
   }
 
-  float acc[kTokenTiles][4];
 #pragma unroll
   for (int j = 0; j < kTokenTiles; ++j)
 #pragma unroll
@@ -140,6 +152,9 @@ __device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0,
     if (c_begin + u < c_full) {
       ring_w[u] = ld_weights16(w_row + int64_t(c_begin + u) * SR::kChunk);
       ring_v[u] = ld_weights16(v_row + int64_t(c_begin + u) * SR::kChunk);
+      if constexpr (kPrefetchA)
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) prefetch_l1(x_row[j] + int64_t(c_begin + u) * 2 * SR::kChunk);
     }
   for (int c = c_begin; c < c_full; c += kU) {
 #pragma unroll
@@ -150,6 +165,9 @@ __device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0,
         if (cc + kU < c_full) {  // the next chunk of this slot, in flight under this one's mma
           ring_w[u] = ld_weights16(w_row + int64_t(cc + kU) * SR::kChunk);
           ring_v[u] = ld_weights16(v_row + int64_t(cc + kU) * SR::kChunk);
+          if constexpr (kPrefetchA)
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j) prefetch_l1(x_row[j] + int64_t(cc + kU) * 2 * SR::kChunk);
         }
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
@@ -169,17 +187,62 @@ __device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0,
       stream_step<Pair>(acc[j], w, v, ld_tail16(x, 2 * left), ld_tail16(x + 16, 2 * left - 16));
     }
   }
+}
 
-  launch_dependents();  // a split's reduction may be scheduled now (it waits for this grid before reading)
+// Grid: x = blocks of R groups of 16 b rows (n), y = blocks of 16 a rows (m), z = batch * CTAs along K; block
+// (32, W, R). A slice is p.k_tiles_per_split K tiles of 128 b bytes, as in the mainloop. kTokenTiles = 1 serves
+// M <= 8, 2 every larger M (a last block of <= 8 rows reads row m0 twice). Dynamic shared memory: W > 1 ? R * W *
+// kTokenTiles * 32 float4 : 0.
+template <class Pair, int kTokenTiles, bool kPrefetchA>
+__global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads1 : StreamRecipe::kBoundThreads2, 1)
+    gemm_stream_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(Pair::kKind == Kind::kW8A16, "the stream kernel is w8a16's");
+  extern __shared__ float4 partials[];  // [R][W][kTokenTiles][32]
+  const int lane = threadIdx.x, w = threadIdx.y, group = threadIdx.z, W = blockDim.y;
+  const int n0 = (blockIdx.x * blockDim.z + group) * StreamRecipe::kRowsB;
+  const int m0 = blockIdx.y * StreamRecipe::kRowsA;
+  const int ctas_k = int(gridDim.z) / p.batch;
+  const int64_t bz = blockIdx.z / ctas_k;
+  const int kcta = blockIdx.z % ctas_k;
+  const bool live = n0 < p.n;  // a group past N streams nothing, but keeps the CTA's barrier
 
-  // acc[j][e]: b row n0 + g + 8 (e / 2), token m0 + 8 j + 2 t + e % 2.
+  float acc[kTokenTiles][4];
+  if (live) {
+    stream_slice<Pair, kTokenTiles, kPrefetchA>(p, n0, m0, kcta * W + w, bz, acc);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  }
+  launch_dependents();  // a reduction across CTAs may be scheduled now (it waits for this grid before reading)
+
+  if (W > 1) {  // the group's slices, summed in order by its warp 0
+    float4* const mine = partials + (group * W) * (kTokenTiles * 32);
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j)
+      mine[(w * kTokenTiles + j) * 32 + lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    __syncthreads();
+    if (w != 0) return;
+    for (int s = 1; s < W; ++s)
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const float4 v = mine[(s * kTokenTiles + j) * 32 + lane];
+        acc[j][0] += v.x;
+        acc[j][1] += v.y;
+        acc[j][2] += v.z;
+        acc[j][3] += v.w;
+      }
+  }
+  if (!live) return;
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < kTokenTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = m0 + 8 * j + 2 * t + (e & 1), col = n0 + g + 8 * (e >> 1);
       if (row >= p.m || col >= p.n) continue;
-      if (p.split_k > 1) {
+      if (ctas_k > 1) {
         static_cast<float*>(p.workspace)[(int64_t(blockIdx.z) * p.m + row) * p.n + col] = acc[j][e];
       } else {
         store_out<float>(p, bz, row, col, acc[j][e], 0.f, false);
@@ -187,33 +250,57 @@ __device__ __forceinline__ void stream_tile(const GemmParams& p, int n0, int m0,
     }
 }
 
-// Grid: x = blocks of 64 b rows (n), y = blocks of 16 a rows (m), z = batch * split_k; a split is
-// p.k_tiles_per_split K tiles of 128 b bytes, as in the mainloop. kTokenTiles = 1 serves M <= 8 (32 warps a SM),
-// 2 every larger M (24 warps a SM: its second tile of token registers does not fit in 64).
-template <class Pair, int kTokenTiles>
-__global__ void __launch_bounds__(StreamRecipe::kThreads, kTokenTiles == 1 ? StreamRecipe::kMinBlocks : 6)
-    gemm_stream_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(Pair::kKind == Kind::kW8A16, "the stream kernel is w8a16's");
-  const int n0 = blockIdx.x * StreamRecipe::kRowsB + 16 * (threadIdx.x >> 5);
-  const int m0 = blockIdx.y * StreamRecipe::kRowsA;
-  const int split = blockIdx.z % p.split_k;
-  const int64_t bz = blockIdx.z / p.split_k;
-  if (n0 >= p.n) return;  // this warp's rows are all past N (no barrier in this kernel)
-  stream_tile<Pair, kTokenTiles>(p, n0, m0, split, bz);
+// The CTA shape of a launch: W = min(split_k, kMaxWarps) warps along K (the plan's choice: it sets the bits) and R
+// groups of rows (free: each group's sums are its own). R keeps the grid one resident wave (resident_warps a SM:
+// 32 with one token tile, 24 with two, as the launch bounds allow) and minimises the warps of the busiest SM;
+// among equals the largest R wins: fewer CTAs read a's rows (every CTA reads all of a's K range), which matters
+// at M > 8.
+struct StreamGrid {
+  int warps_k, groups, ctas_k;
+};
+inline StreamGrid stream_grid(const GemmParams& p, int sm_count, int resident_warps) {
+  StreamGrid s{};
+  s.warps_k = p.split_k < StreamRecipe::kMaxWarps ? p.split_k : StreamRecipe::kMaxWarps;
+  s.ctas_k = ceil_div(p.split_k, s.warps_k);
+  s.groups = 1;
+  const int row_groups = ceil_div(p.n, StreamRecipe::kRowsB);
+  int64_t best = -1;
+  for (int r = 1; r * s.warps_k <= StreamRecipe::kMaxWarps && r <= row_groups; ++r) {
+    const int64_t ctas = ceil_div<int64_t>(row_groups, r) * s.ctas_k, per_sm = resident_warps / (r * s.warps_k);
+    if (per_sm == 0 || ctas > per_sm * sm_count) continue;
+    const int64_t load = ceil_div<int64_t>(ctas, sm_count) * r * s.warps_k;
+    if (best < 0 || load <= best) {
+      best = load;
+      s.groups = r;
+    }
+  }
+  return s;
 }
 
 template <class Pair>
 cudaError_t launch_stream(const GemmParams& p, cudaStream_t stream) {
   using SR = StreamRecipe;
-  const dim3 grid(unsigned(ceil_div(p.n, SR::kRowsB)), unsigned(ceil_div(p.m, SR::kRowsA)),
-                  unsigned(p.batch * p.split_k));
-  if (p.m <= 8) {
-    gemm_stream_kernel<Pair, 1><<<grid, SR::kThreads, 0, stream>>>(p);
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  const int tiles = p.m <= 8 ? 1 : 2;
+  const StreamGrid sg = stream_grid(p, facts.sm_count, tiles == 1 ? 32 : 24);
+  const dim3 grid(unsigned(ceil_div(ceil_div(p.n, SR::kRowsB), sg.groups)), unsigned(ceil_div(p.m, SR::kRowsA)),
+                  unsigned(p.batch * sg.ctas_k));
+  const dim3 block(32, unsigned(sg.warps_k), unsigned(sg.groups));
+  const size_t smem = sg.warps_k > 1 ? size_t(sg.groups) * sg.warps_k * tiles * 32 * sizeof(float4) : 0;
+  static const bool prefetch = !env_knob_off("ASTRAI_GEMM_STREAM_PREFETCH");  // experiment knob (A/B)
+  if (tiles == 1) {
+    if (prefetch) gemm_stream_kernel<Pair, 1, true><<<grid, block, smem, stream>>>(p);
+    else gemm_stream_kernel<Pair, 1, false><<<grid, block, smem, stream>>>(p);
   } else {
-    gemm_stream_kernel<Pair, 2><<<grid, SR::kThreads, 0, stream>>>(p);  // a last block of <= 8 rows reads row m0 twice
+    if (prefetch) gemm_stream_kernel<Pair, 2, true><<<grid, block, smem, stream>>>(p);
+    else gemm_stream_kernel<Pair, 2, false><<<grid, block, smem, stream>>>(p);
   }
   ASTRAI_CUDA_TRY(cudaGetLastError());
-  return p.split_k > 1 ? launch_split_reduce<float>(p, stream) : cudaSuccess;
+  if (sg.ctas_k == 1) return cudaSuccess;
+  GemmParams r = p;  // the CTAs' partials along K, one per CTA
+  r.split_k = sg.ctas_k;
+  return launch_split_reduce<float>(r, stream);
 }
 
 }  // namespace gemm

@@ -94,6 +94,32 @@ def test_exact_on_small_integers(pair, split_k):
     assert torch.equal(y.double(), reference(a, b))
 
 
+# w8a16 recipe 2 in "nt" is the weight-stream kernel: split_k slices are the warps of one CTA up to 24 (summed in
+# order inside it), more add CTAs along K and a reduction; the launcher packs groups of 16 weight rows a CTA.
+STREAM_CASES = [(1, 117, 400, 5), (9, 200, 5136, 19), (16, 77, 3888, 24), (16, 77, 3888, 30), (17, 333, 7696, 53),
+                (5, 4099, 256, 1), (1, 64, 2048, 64)]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: "M{}-N{}-K{}-s{}".format(*c))
+@pytest.mark.parametrize("ta", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_stream_kernel_splits(case, ta):
+    m, n, k, split = case
+    a, b = operand(ta, (m, k), small=True), operand(torch.int8, (n, k), small=True)
+    ones = torch.ones(n, device=DEVICE)
+    out = torch.full((m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(2, split), out=out)
+    assert torch.equal(out.double(), reference(a, b))  # exact: small integers, every poisoned element written
+    a, b = operand(ta, (m, k)), operand(torch.int8, (n, k))
+    sb, bias = torch.rand(n, device=DEVICE) + 0.5, torch.randn(n, device=DEVICE)
+    y = ops.quant_gemm(a, b, b_scale=sb, bias=bias, out_dtype=torch.float32, plan=(2, split))
+    assert rel_error(y, reference(a, b, b_scale=sb, bias=bias)) < 1e-5
+    again = ops.quant_gemm(a, b, b_scale=sb, bias=bias, out_dtype=torch.float32, plan=(2, split))
+    assert_bitwise_equal(again, y)
+    # the split (not M, not the launcher's packing of rows) sets a row's bits: row 0 alone gives the same
+    alone = ops.quant_gemm(a[:1], b, b_scale=sb, bias=bias, out_dtype=torch.float32, plan=(2, split))
+    assert_bitwise_equal(alone, y[:1])
+
+
 @pytest.mark.parametrize("split_k", [1, 5])
 def test_int8_raw_int32_exact(split_k):
     a, b = operand(torch.int8, (33, 784)), operand(torch.int8, (45, 784))
