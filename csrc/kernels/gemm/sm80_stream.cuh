@@ -1,9 +1,10 @@
-// The weight-stream kernel: w8a16 in layout nt at recipe 2 (16 rows of a x 64 rows of b per CTA), where the GEMM
-// is a read of the int8 weights. b's rows fill the mma's 16-row side and a's rows (the tokens) its 8-column side
+// The weight-stream kernel: w8a16 in layout nt at recipe 2 (blocks of 16 rows of a; b in groups of 16 rows), where
+// the GEMM is a read of the int8 weights. b's rows fill the mma's 16-row side and a's rows (the tokens) its 8-column side
 // ("swap AB": the kernel computes y^T = b a^T), so a one-token call wastes tensor-core columns, not bandwidth.
 // b goes from global memory straight into registers, 16 bytes a lane (no shared memory: each byte is used once),
 // with the next chunk of each row in flight and the L2 asked to fetch 256 bytes around each read; a comes
-// through L1 (every CTA of a K range reads the same a).
+// through L1 (the CTAs of an SM read the same a). Asking L1 for a's next chunk ahead (prefetch.global.L1) was
+// slower on the H200 (geomean 19.5 vs 18.1 us at the built-in splits, M = 16 up to 40% slower): not kept.
 //
 // Why this shape (H200 probe, docs/benchmarks.md "GEMM, the weight stream"): the stream is bound by bytes in
 // flight, not by the expansion (removing it gained 0-8%): 32 resident warps a SM (<= 64 registers) and the L2
@@ -64,9 +65,6 @@ __device__ __forceinline__ uint4 ld_tokens16(const uint8_t* p) {
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-// Ask L1 for the line holding p (no register): a's next chunk, fetched while this one's mma run, so the token load
-// at that chunk hits L1 (a warp's token rows are read by no other warp of its CTA when the CTA holds one group).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 // The 16 bytes at p of which `left` lie inside the row, zeros past it; byte by byte, never past the row.
 __device__ __forceinline__ uint4 ld_tail16(const uint8_t* p, int64_t left) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
@@ -116,7 +114,7 @@ __device__ __forceinline__ void stream_step(float (&acc)[4], const uint4& w, con
 // The partial sums of one warp: 16 b rows from n0 (< p.n) x kTokenTiles n8 tiles of tokens from m0, over K slice
 // `split` (empty past K); token rows past M read row m0 and are not stored. acc[j][e]: b row n0 + g + 8 (e / 2),
 // token m0 + 8 j + 2 t + e % 2.
-template <class Pair, int kTokenTiles, bool kPrefetchA>
+template <class Pair, int kTokenTiles>
 __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0, int split, int64_t bz,
                                              float (&acc)[kTokenTiles][4]) {
   using SR = StreamRecipe;
@@ -152,9 +150,6 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
     if (c_begin + u < c_full) {
       ring_w[u] = ld_weights16(w_row + int64_t(c_begin + u) * SR::kChunk);
       ring_v[u] = ld_weights16(v_row + int64_t(c_begin + u) * SR::kChunk);
-      if constexpr (kPrefetchA)
-#pragma unroll
-        for (int j = 0; j < kTokenTiles; ++j) prefetch_l1(x_row[j] + int64_t(c_begin + u) * 2 * SR::kChunk);
     }
   for (int c = c_begin; c < c_full; c += kU) {
 #pragma unroll
@@ -165,9 +160,6 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
         if (cc + kU < c_full) {  // the next chunk of this slot, in flight under this one's mma
           ring_w[u] = ld_weights16(w_row + int64_t(cc + kU) * SR::kChunk);
           ring_v[u] = ld_weights16(v_row + int64_t(cc + kU) * SR::kChunk);
-          if constexpr (kPrefetchA)
-#pragma unroll
-            for (int j = 0; j < kTokenTiles; ++j) prefetch_l1(x_row[j] + int64_t(cc + kU) * 2 * SR::kChunk);
         }
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
@@ -193,7 +185,7 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
 // (32, W, R). A slice is p.k_tiles_per_split K tiles of 128 b bytes, as in the mainloop. kTokenTiles = 1 serves
 // M <= 8, 2 every larger M (a last block of <= 8 rows reads row m0 twice). Dynamic shared memory: W > 1 ? R * W *
 // kTokenTiles * 32 float4 : 0.
-template <class Pair, int kTokenTiles, bool kPrefetchA>
+template <class Pair, int kTokenTiles>
 __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads1 : StreamRecipe::kBoundThreads2, 1)
     gemm_stream_kernel(const __grid_constant__ GemmParams p) {
   static_assert(Pair::kKind == Kind::kW8A16, "the stream kernel is w8a16's");
@@ -208,7 +200,7 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
 
   float acc[kTokenTiles][4];
   if (live) {
-    stream_slice<Pair, kTokenTiles, kPrefetchA>(p, n0, m0, kcta * W + w, bz, acc);
+    stream_slice<Pair, kTokenTiles>(p, n0, m0, kcta * W + w, bz, acc);
   } else {
 #pragma unroll
     for (int j = 0; j < kTokenTiles; ++j)
@@ -288,13 +280,10 @@ cudaError_t launch_stream(const GemmParams& p, cudaStream_t stream) {
                   unsigned(p.batch * sg.ctas_k));
   const dim3 block(32, unsigned(sg.warps_k), unsigned(sg.groups));
   const size_t smem = sg.warps_k > 1 ? size_t(sg.groups) * sg.warps_k * tiles * 32 * sizeof(float4) : 0;
-  static const bool prefetch = !env_knob_off("ASTRAI_GEMM_STREAM_PREFETCH");  // experiment knob (A/B)
   if (tiles == 1) {
-    if (prefetch) gemm_stream_kernel<Pair, 1, true><<<grid, block, smem, stream>>>(p);
-    else gemm_stream_kernel<Pair, 1, false><<<grid, block, smem, stream>>>(p);
+    gemm_stream_kernel<Pair, 1><<<grid, block, smem, stream>>>(p);
   } else {
-    if (prefetch) gemm_stream_kernel<Pair, 2, true><<<grid, block, smem, stream>>>(p);
-    else gemm_stream_kernel<Pair, 2, false><<<grid, block, smem, stream>>>(p);
+    gemm_stream_kernel<Pair, 2><<<grid, block, smem, stream>>>(p);
   }
   ASTRAI_CUDA_TRY(cudaGetLastError());
   if (sg.ctas_k == 1) return cudaSuccess;
