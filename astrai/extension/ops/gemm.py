@@ -251,6 +251,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     return _large_m_plan(m, n, k, pair, num_sms, layout)
 
 
+@functools.lru_cache(maxsize=4096)  # on every plan=None call at M > 64: ~10 us of Python a decision uncached
 def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
                   splits: tuple[int, ...] = LARGE_M_SPLITS) -> tuple[int, int]:
     """M > MEDIUM_M: the (recipe, split) of least estimated time (the RECIPE_RATE model above); ties keep the
@@ -303,8 +304,8 @@ def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_inv
     recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms, layout="nn")  # the kernel it runs
     if batch_invariant:
         split = builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=True)[1]
-        recipe = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms, layout="nn")[0] if shape.n <= MEDIUM_M \
-            else _large_m_plan(shape.n, shape.m, shape.k_a, pair, num_sms, "nn", (split,))[0]
+        if shape.n > MEDIUM_M:  # the model's recipe for that split (below it, the recipe above already is)
+            recipe = _large_m_plan(shape.n, shape.m, shape.k_a, pair, num_sms, "nn", (split,))[0]
     elif split == 1 and _tiles(shape.n, max(shape.m, 1), recipe) < num_sms:
         split = _split_k(_tiles(shape.n, max(shape.m, 1), recipe), shape.k_a, num_sms)
     return recipe, split
