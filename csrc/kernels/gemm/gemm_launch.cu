@@ -1,5 +1,6 @@
 // The GEMM family's launcher: recipe facts, what this image cannot run, and the launch of a given plan.
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
@@ -119,6 +120,11 @@ cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t st
   if (p.layout != GemmLayout::kNT) return launch_other_layout(p, pair, recipe, stream);
   switch (pair) {
     case GemmPair::kBf16Bf16:
+      if (recipe == 0 && std::getenv("ASTRAI_GEMM_SM90") != nullptr) {  // experimental (issue 20 branch)
+        const cudaError_t st = gemm::sm90_launch_w16a16(p, stream);
+        if (st != cudaErrorNotSupported) return st;
+      }
+      return gemm::sm80_launch_w16a16(p, pair, recipe, stream);
     case GemmPair::kF16F16: return gemm::sm80_launch_w16a16(p, pair, recipe, stream);
     case GemmPair::kBf16S8:
     case GemmPair::kF16S8: return gemm::sm80_launch_w8a16(p, pair, recipe, stream);

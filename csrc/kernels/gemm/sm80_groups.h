@@ -24,6 +24,9 @@ cudaError_t sm80_launch_w8a8_nn(const GemmParams& p, GemmPair pair, int recipe, 
 cudaError_t sm80_launch_w8a8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+// Issue 20, first cut (gemm_sm90_w16a16.cu): bf16 x bf16 nt on the sm_90a wgmma + TMA mainloop;
+// cudaErrorNotSupported where it cannot run the call.
+cudaError_t sm90_launch_w16a16(const GemmParams& p, cudaStream_t stream);
 // The PTX arch (ptxVersion) of the fp8 code this image runs on the current device: < 89 has no fp8 mma.
 cudaError_t sm80_fp8_code_arch(int* ptx_version);
 
