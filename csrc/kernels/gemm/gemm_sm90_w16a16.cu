@@ -15,7 +15,8 @@ namespace gemm {
 // The kernel's maps: [rows][k] bf16, boxes of 64 (k) x 128 (rows), 128-byte swizzle, zeros past the edges.
 static bool k_major_map(CUtensorMap* map, const void* base, int rows, int k, int64_t row_stride) {
   const uint64_t dims[2] = {uint64_t(k), uint64_t(rows)};
-  const int64_t strides[1] = {row_stride * 2};
+  // One row: the op leaves its stride 0 (unread); any multiple of 16 bytes describes it.
+  const int64_t strides[1] = {rows > 1 ? row_stride * 2 : (int64_t(k) * 2 + 15) / 16 * 16};
   const uint32_t box[2] = {uint32_t(Sm90Recipe::kBK), uint32_t(Sm90Recipe::kBM)};
   return encode_tensor_map_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box,
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);

@@ -3,7 +3,7 @@
 // rows) and b (128 rows) by TMA into a ring of kStages stages (128-byte swizzle, zeros past M, N and K from the
 // tensor maps), each stage's bytes completing on its `full` mbarrier. Warpgroups 1 and 2 are the consumers: each
 // owns 64 rows of the tile, waits a stage full, runs four wgmma m64n128k16 over it from shared memory, and hands
-// the stage back on its `empty` mbarrier once the wgmma that read it have completed (one stage kept in flight).
+// the stage back on its `empty` mbarrier (every consumer thread arrives) once the wgmma that read it have completed (one stage kept in flight).
 // The epilogue folds the scales and the bias (store_out) from the fp32 accumulators.
 //
 // K order: K tiles in order, 16 values a wgmma in order: a row's sum does not depend on M, but it is not the
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < R::kStages; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 2);  // one arrival per consumer warpgroup
+      mbarrier_init(&empty[s], 2 * 128);  // every consumer thread (as the attention kernel's rings)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
       wgmma_m64n128k16_ss(acc, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32), true);
     wgmma_commit();
     wgmma_wait<1>();  // the previous stage's wgmma are done: hand that stage back
-    if (kt > 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&empty[(kt - 1) % R::kStages]);
+    if (kt > 0) mbarrier_arrive(&empty[(kt - 1) % R::kStages]);
   }
   wgmma_wait<0>();
 #pragma unroll
