@@ -317,13 +317,18 @@ Expected expected(const Case& c, const Dots& d, const std::vector<float>& sa, co
   e.y.resize(d.acc.size());
   e.tol.resize(d.acc.size());
   const double u = std::ldexp(1.0, -24);
+  // The sm_90a recipes' fp8 wgmma sums a stage's 128 products of K in 4 steps at ~14 bits (the kernel then adds
+  // each stage's sum to fp32 accumulators): a bound of 2^-13 of S a step. A dropped product (~S / K) still exceeds
+  // it below K ~ 2048, above every fp8 K here.
+  const bool fp8_wgmma = kPairs[c.pair].group == Group::kFp8 && c.recipe >= kGemmFirstSm90Recipe;
   for (size_t at = 0; at < d.acc.size(); ++at) {
     const int i = int(at / size_t(c.n) % size_t(c.m)), j = int(at % size_t(c.n));
     const double s = (sa.empty() ? 1.0 : sa[sa.size() == 1 ? 0 : size_t(i)]) *
                      (sb.empty() ? 1.0 : sb[sb.size() == 1 ? 0 : size_t(j)]);
     const double bj = bias.empty() ? 0.0 : bias[size_t(j)];
     e.y[at] = d.acc[at] * s + bj;
-    const double sum_bound = (c.k + 8) * u * (d.mag[at] * std::fabs(s) + std::fabs(bj));
+    double sum_bound = (c.k + 8) * u * (d.mag[at] * std::fabs(s) + std::fabs(bj));
+    if (fp8_wgmma) sum_bound += 4 * std::ldexp(1.0, -13) * d.mag[at] * std::fabs(s);
     e.tol[at] = c.epi.exact ? 0.0 : out_ulp(c.epi.out, e.y[at]) + sum_bound;
   }
   return e;
@@ -572,6 +577,10 @@ std::vector<Case> shapes_for(int pair, int layout, int recipe) {
   v.back().batch = 2;
   v.back().a_batched = false;
   v.back().out_pad = 1;
+  if (recipe >= kGemmFirstSm90Recipe) {  // the persistent kernel: more units than SMs, so CTAs walk several
+    v.push_back(shape(600, 4 * tn + 3, 2 * kt + kmin, 2));
+    v.back().batch = 3;
+  }
   return v;
 }
 
@@ -604,13 +613,23 @@ std::vector<Case> stream_shapes(int pair) {
   return v;
 }
 
+// A rotation's recipe `r % kGemmRecipes`, or where this device or image cannot run it (the sm_90a recipes 4 and 5
+// off an H100 / H200, in layouts other than nt, for w8a16) the portable recipe r % 4, so the rotation still runs.
+int rotated_recipe(int pi, int li, int r) {
+  const int recipe = r % kGemmRecipes;
+  if (recipe >= kGemmFirstSm90Recipe &&
+      gemm_unsupported(kPairs[pi].pair, GemmLayout(kLayouts[li].code), recipe) != nullptr)
+    return recipe % kGemmFirstSm90Recipe;
+  return recipe;
+}
+
 std::vector<Case> make_cases(bool small) {
   std::vector<Case> cases;
   if (small) {
     // The sanitizer's table: every pair once on a rotating recipe, split-K, the exact paths, an odd K with a
     // broadcast batch, K = 0. Small grids: racecheck and initcheck run each access through the tool.
     for (int pi = 0; pi < kNumPairs; ++pi) {
-      const int recipe = pi % kGemmRecipes;
+      const int recipe = rotated_recipe(pi, 0, pi);
       Case c = shapes_for(pi, 0, recipe)[1];  // M = 7, the smallest aligned K
       c.k = 2 * gemm_k_tile(kPairs[pi].pair) + min_aligned_k(kPairs[pi]);
       c.split_k = 1 + pi % 2;
@@ -681,7 +700,7 @@ std::vector<Case> make_cases(bool small) {
       }
       if (has_exact(kPairs[pi])) epis.push_back(exact_epilogue(kPairs[pi], 1));
       for (size_t e = 0; e < epis.size(); ++e) {
-        const int recipe = int(e % kGemmRecipes);
+        const int recipe = rotated_recipe(pi, li, int(e));
         Case c = shapes_for(pi, li, recipe)[1];
         c.m = 19;
         c.n = gemm_recipe_tile_n(recipe) + 7;
@@ -691,7 +710,7 @@ std::vector<Case> make_cases(bool small) {
         cases.push_back(c);
       }
       for (int k : {0, 1}) {
-        Case c = shapes_for(pi, li, pi % kGemmRecipes)[1];
+        Case c = shapes_for(pi, li, rotated_recipe(pi, li, pi))[1];
         c.k = k;
         c.split_k = 1 + k;
         c.padded = true;

@@ -4,6 +4,10 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
 - `grid` (default): every (recipe, split_k) of PLANS at M in MS over the issue's (N, K) grid, w16a16 against
   cuBLAS bf16 `F.linear` and w8a8 (int32 out) against `torch._int_mm`; ratio = anchor / plan, and the built-in
   plan's pick.
+- `sm90`: recipes 4 and 5 (the sm_90a mainloop) at splits SM90_SPLITS over M in 1, 16, 64 and MS x NK: w16a16
+  against cuBLAS bf16, fp8 (unit tensorwise scales) against `torch._scaled_mm`, w8a8 (int32 out, M > 16) against
+  `torch._int_mm`, with recipe 0 beside them; a result off the anchor's by more than 2e-2 (relative) is flagged.
+  `sm90-quick`: the same at M = 1024 and 4096 without splits.
 - `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
   weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
 
@@ -25,6 +29,7 @@ PLANS = [(0, 1), (0, 2), (0, 4), (3, 1), (3, 2), (3, 4), (1, 1), (1, 2), (1, 4)]
 MS = [128, 256, 1024, 4096]
 NK = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (2112, 7168), (24576, 1536), (7168, 16384),
       (4096, 7168), (7168, 2048)]
+SM90_SPLITS = [1, 2, 4, 8]
 SPLITS = [1, 2, 3, 4, 6, 8, 11, 12, 14, 16, 19, 24, 32, 48]
 
 
@@ -70,5 +75,36 @@ def stream():
                   + "  ".join(row), flush=True)
 
 
+def sm90(quick: bool = False):
+    """Recipes 4 and 5 (the sm_90a mainloop) at each split of SM90_SPLITS against the anchors and recipe 0;
+    `quick`: M = 1024 and 4096, no split."""
+    e4 = torch.float8_e4m3fn
+    one = torch.ones((), device="cuda")
+    splits = [1] if quick else SM90_SPLITS
+    for m in [1024, 4096] if quick else [1, 16, 64] + MS:
+        for n, k in NK:
+            a16, b16 = torch.randn(m, k, device="cuda").bfloat16(), torch.randn(n, k, device="cuda").bfloat16()
+            a8 = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
+            b8 = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+            af, bf = a16.to(e4), b16.to(e4)
+            cases = [("w16a16", (a16, b16), lambda s: F.linear(s[0], s[1]), None, None, torch.bfloat16),
+                     ("fp8", (af, bf), lambda s: torch._scaled_mm(s[0], s[1].t(), one, one, out_dtype=torch.bfloat16),
+                      one.reshape(1), one.reshape(1), torch.bfloat16)]
+            if m > 16:  # _int_mm needs M > 16
+                cases.append(("w8a8", (a8, b8), lambda s: torch._int_mm(s[0], s[1].t()), None, None, torch.int32))
+            for name, sets, anchor_fn, sa, sb, out in cases:
+                anchor = us(anchor_fn, [sets])
+                ref = anchor_fn(sets).double()
+                row = [f"r0 {anchor / us(lambda s: op(s[0], s[1], sa, sb, None, out, 0, 0, 1), [sets]):.3f}"]
+                for recipe in (4,) if name == "fp8" else (4, 5):  # recipe 5 has no fp8 kernel
+                    for split in splits:
+                        got = op(sets[0], sets[1], sa, sb, None, out, 0, recipe, split).double()
+                        err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                        t = us(lambda s: op(s[0], s[1], sa, sb, None, out, 0, recipe, split), [sets])
+                        row.append(f"{recipe}/{split} {anchor / t:.3f}" + (f" ERR {err:.1e}" if err > 2e-2 else ""))
+                print(f"{name} M={m} N={n} K={k} anchor {anchor:.1f} us: " + "  ".join(row), flush=True)
+
+
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream}[sys.argv[1] if len(sys.argv) > 1 else "grid"]()
+    {"grid": grid, "stream": stream, "sm90": sm90, "sm90-quick": lambda: sm90(quick=True)}[
+        sys.argv[1] if len(sys.argv) > 1 else "grid"]()

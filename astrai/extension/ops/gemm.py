@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -72,7 +73,12 @@ RECIPES = {
     1: Recipe("m64n128", 64, 128),
     2: Recipe("m16n64", 16, 64),  # small M: the weight stream, used with split_k
     3: Recipe("m128n64", 128, 64),  # large M where recipe 0's last wave of tiles is short (N = 2112)
+    # The Hopper mainloop (csrc/kernels/gemm/sm90_gemm.cuh): wgmma + TMA, persistent, warp-specialized; layout "nt",
+    # every pair but w8a16, on a compute capability 9.0 GPU with sm_90a code in the image (`sm90_available`).
+    4: Recipe("sm90_m128n128", 128, 128),
+    5: Recipe("sm90_m128n256", 128, 256),  # not for fp8 (its promoted accumulators do not fit)
 }
+SM90_RECIPES = (4, 5)
 
 # The built-in plan's constants (see builtin_plan).
 SMALL_M = 16             # M <= SMALL_M: recipe 2
@@ -103,6 +109,18 @@ STREAM_MAX_WARPS_K = 24
 STREAM_WARPS_PER_SM = 32
 STREAM_WARPS_PER_SM_16 = 24
 STREAM_MIN_K_PER_SPLIT = 256
+# The Hopper mainloop (recipes 4 and 5, `sm90_available`): at M > SM90_MIN_M (and at every M for a batch-invariant
+# plan) the (recipe, split) of least estimated time over SM90_SPLITS (each keeping >= MIN_K_PER_SPLIT of K):
+# q * 128 * tile_n * ceil(K / s) / SM90_RATE[recipe] + SM90_SPLIT_COST * M * N * s (s > 1), q = ceil(units / num_sms)
+# the units of the busiest SM of the persistent grid. Its batch-invariant plan is recipe 4 with the split of
+# one row of tiles (both from (N, K) alone).
+SM90_MIN_M = MEDIUM_M
+SM90_SPLITS = (1, 2, 4, 8)
+SM90_RATE = {4: 1.0, 5: 1.1}
+SM90_SPLIT_COST = 7.5
+# ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4 and 5 (the portable
+# mainloop on an H100 / H200, for comparison); explicit plans still run them.
+PORTABLE_KNOB = "ASTRAI_GEMM_PORTABLE"
 
 
 def pair_of(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
@@ -195,7 +213,7 @@ def _tiles(m: int, n: int, recipe: int) -> int:
 
 
 def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
-                 batch_invariant: bool = False, layout: str = "nt") -> tuple[int, int]:
+                 batch_invariant: bool = False, layout: str = "nt", sm90: bool = False) -> tuple[int, int]:
     """The built-in plan `(recipe, split_k)` for an `[M, K] x [K, N]` problem of `pair` on `num_sms` SMs.
 
     Rules (constants are module data):
@@ -222,6 +240,10 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
     on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
+    `sm90=True` (the device runs recipes 4 and 5: `sm90_available`): in layout "nt", every pair but w8a16 at
+    `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the `SM90_*` model);
+    with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above.
+
     Example
     -------
     >>> builtin_plan(1, 4096, 4096, "w16a16", 132)
@@ -237,6 +259,11 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
         raise ValueError(f"builtin_plan: layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
     if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
+    if sm90 and layout == "nt" and pair != "w8a16":
+        if batch_invariant:  # the Hopper recipes sum K in their own order: the same recipe at every M
+            return 4, _split_k(_tiles(1, n, 4), k, num_sms)
+        if m > SM90_MIN_M:
+            return _sm90_plan(m, n, k, pair, num_sms)
     if batch_invariant:
         # Every mainloop recipe walks K in the same order, so only the split must not depend on M.
         split = _split_k(_tiles(1, n, 2), k, num_sms, SMALL_M_WAVES)
@@ -272,6 +299,42 @@ def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
     return best
 
 
+@functools.lru_cache(maxsize=4096)
+def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
+    """The Hopper mainloop's (recipe, split) of least estimated time (the SM90_* model above); ties keep recipe 4
+    and the smaller split."""
+    best, best_cost = (4, 1), math.inf
+    for recipe in (4,) if pair == "fp8" else SM90_RECIPES:
+        tile = RECIPES[recipe]
+        for split in SM90_SPLITS:
+            if split > 1 and k // split < MIN_K_PER_SPLIT:
+                continue
+            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
+            cost = q * tile.tile_m * tile.tile_n * math.ceil(k / split) / SM90_RATE[recipe]
+            if split > 1:
+                cost += SM90_SPLIT_COST * m * n * split
+            if cost < best_cost:
+                best, best_cost = (recipe, split), cost
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90_available(index: int) -> bool:
+    if os.environ.get(PORTABLE_KNOB, "") not in ("", "0"):
+        return False
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        return False
+    chosen = loader.selection().chosen
+    return chosen is not None and "90a" in ((chosen.meta or {}).get("archs") or ())
+
+
+def sm90_available(device: torch.device) -> bool:
+    """Whether the built-in plan may pick recipes 4 and 5 on this CUDA device: compute capability 9.0, sm_90a code in
+    the loaded image (not a PTX-only image such as ASTRAI_IMAGE=ptx80), and ASTRAI_GEMM_PORTABLE unset or 0. Read
+    once per device index and process."""
+    return _sm90_available(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -291,16 +354,18 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: boo
     pair = pair_of(a.dtype, b.dtype)
     if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
         return 0, 1
-    return plan_problem(layout, problem(layout, a.shape, b.shape), pair, num_sms(a.device), batch_invariant)
+    return plan_problem(layout, problem(layout, a.shape, b.shape), pair, num_sms(a.device), batch_invariant,
+                        sm90=sm90_available(a.device))
 
 
-def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_invariant: bool) -> tuple[int, int]:
+def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_invariant: bool, *,
+                 sm90: bool = False) -> tuple[int, int]:
     """`plan_for`'s rule on sizes: `builtin_plan` of the problem as the kernel sees it (M and N exchanged for a
     swapped layout). A swapped layout's grid under one wave (a small M: few columns of tiles) splits K to fill
     one; its batch-invariant split still follows the output's (N, K) alone."""
     if not runs_swapped(pair, layout):
         return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=batch_invariant,
-                            layout=LAYOUT_NAMES.get(layout, "nt"))
+                            layout=LAYOUT_NAMES.get(layout, "nt"), sm90=sm90)
     recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms, layout="nn")  # the kernel it runs
     if batch_invariant:
         split = builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=True)[1]

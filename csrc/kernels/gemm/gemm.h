@@ -7,8 +7,10 @@
 
 namespace astrai {
 
-// Tile recipes of the portable mma.sync mainloop, by the id the planner passes (docs/contracts.md, GEMM ops).
-constexpr int kGemmRecipes = 4;
+// Tile recipes by the id the planner passes (docs/contracts.md, GEMM ops): 0-3 the portable mma.sync mainloop, 4
+// and 5 the Hopper wgmma + TMA mainloop (sm_90 GPUs with sm_90a code in the image, layout nt, every pair but w8a16).
+constexpr int kGemmRecipes = 6;
+constexpr int kGemmFirstSm90Recipe = 4;
 
 // The CTA tile of a recipe (rows of a, columns of b) and the K tile in elements for a pair.
 int gemm_recipe_tile_m(int recipe);

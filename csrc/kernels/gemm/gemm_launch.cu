@@ -1,6 +1,5 @@
 // The GEMM family's launcher: recipe facts, what this image cannot run, and the launch of a given plan.
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
@@ -13,10 +12,11 @@ namespace astrai {
 
 namespace {
 // In recipe-id order, as gemm::launch_pair (sm80_gemm_launch.cuh) maps the ids to types.
+// Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe).
 constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
-                                      gemm::RecipeM128N64::kBM};
+                                      gemm::RecipeM128N64::kBM, 128, 128};
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
-                                      gemm::RecipeM128N64::kBN};
+                                      gemm::RecipeM128N64::kBN, 128, 256};
 
 bool is_fp8(GemmPair pair) {
   return pair == GemmPair::kE4m3E4m3 || pair == GemmPair::kE5m2E4m3 || pair == GemmPair::kE4m3E5m2;
@@ -36,8 +36,24 @@ int gemm_k_tile(GemmPair pair) {
 }
 
 const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
-  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2 or 3";
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4 or 5";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
+  if (recipe >= kGemmFirstSm90Recipe) {
+    if (layout != GemmLayout::kNT) return "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only";
+    if (pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8)
+      return "recipes 4 and 5 (the sm_90a wgmma mainloop) have no w8a16 kernel: use recipes 0-3";
+    if (is_fp8(pair) && recipe == 5)
+      return "recipe 5 (the sm_90a 128 x 256 tile) has no fp8 kernel (its promoted fp32 accumulators do not fit): use "
+             "recipe 4";
+    DeviceFacts facts{};
+    if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
+    if (facts.cc_major != 9 || facts.cc_minor != 0)
+      return "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)";
+    bool sm90 = false;
+    if (gemm::sm90_code_available(&sm90) != cudaSuccess || !sm90)
+      return "this image has no sm_90a code for this GPU (recipes 4 and 5 need it): use recipes 0-3";
+    return nullptr;
+  }
   if (!is_fp8(pair)) return nullptr;
   DeviceFacts facts{};
   if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
@@ -96,6 +112,7 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout) {
 }
 
 cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream) {
+  if (recipe < 0 || recipe >= kGemmRecipes) return cudaErrorInvalidValue;
   const int k_tiles = ceil_div(p.k, gemm_k_tile(pair));
   p.k_tiles_per_split = ceil_div(k_tiles, p.split_k);
   p.transpose_out = 0;
@@ -118,13 +135,21 @@ cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t st
     return launch_other_layout(q, swapped, recipe, stream);
   }
   if (p.layout != GemmLayout::kNT) return launch_other_layout(p, pair, recipe, stream);
+  if (recipe >= kGemmFirstSm90Recipe) {  // layout nt, a pair it runs (gemm_unsupported)
+    cudaError_t st = cudaErrorInvalidValue;
+    switch (pair) {
+      case GemmPair::kBf16Bf16:
+      case GemmPair::kF16F16: st = gemm::sm90_launch_16bit(p, pair, recipe, stream); break;
+      case GemmPair::kS8S8: st = gemm::sm90_launch_s8(p, recipe, stream); break;
+      default: st = gemm::sm90_launch_fp8(p, pair, recipe, stream); break;
+    }
+    // An operand the TMA cannot describe (a base address not 16-byte aligned): the portable recipe of the same
+    // tile rows runs it (same split, same workspace).
+    if (st != cudaErrorNotSupported) return st;
+    recipe = 0;
+  }
   switch (pair) {
     case GemmPair::kBf16Bf16:
-      if (recipe == 0 && std::getenv("ASTRAI_GEMM_SM90") != nullptr) {  // experimental (issue 20 branch)
-        const cudaError_t st = gemm::sm90_launch_w16a16(p, stream);
-        if (st != cudaErrorNotSupported) return st;
-      }
-      return gemm::sm80_launch_w16a16(p, pair, recipe, stream);
     case GemmPair::kF16F16: return gemm::sm80_launch_w16a16(p, pair, recipe, stream);
     case GemmPair::kBf16S8:
     case GemmPair::kF16S8: return gemm::sm80_launch_w8a16(p, pair, recipe, stream);

@@ -1,5 +1,5 @@
-// The portable mainloop's instantiation units, one per pair group (gemm_sm80_<group>.cu), as gemm_launch.cu calls
-// them. Each returns cudaErrorInvalidValue for a pair or recipe it does not hold.
+// The mainloops' instantiation units, one per pair group (gemm_sm80_<group>.cu, gemm_sm90_<group>.cu), as
+// gemm_launch.cu calls them. Each returns cudaErrorInvalidValue for a pair or recipe it does not hold.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,9 +24,13 @@ cudaError_t sm80_launch_w8a8_nn(const GemmParams& p, GemmPair pair, int recipe, 
 cudaError_t sm80_launch_w8a8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
-// Issue 20, first cut (gemm_sm90_w16a16.cu): bf16 x bf16 nt on the sm_90a wgmma + TMA mainloop;
-// cudaErrorNotSupported where it cannot run the call.
-cudaError_t sm90_launch_w16a16(const GemmParams& p, cudaStream_t stream);
+// The Hopper mainloop's units (gemm_sm90_<group>.cu): recipes 4 and 5 in layout nt; cudaErrorNotSupported where
+// the TMA cannot describe an operand (gemm_launch then runs the call on the portable mainloop).
+cudaError_t sm90_launch_16bit(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm90_launch_fp8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
+cudaError_t sm90_launch_s8(const GemmParams& p, int recipe, cudaStream_t stream);
+// Whether this image holds sm_90a code for the current device (false on other GPUs and for PTX-only images).
+cudaError_t sm90_code_available(bool* available);
 // The PTX arch (ptxVersion) of the fp8 code this image runs on the current device: < 89 has no fp8 mma.
 cudaError_t sm80_fp8_code_arch(int* ptx_version);
 

@@ -1,16 +1,23 @@
-// The Hopper mainloop (issue 20, first cut, not yet run on a GPU): w16a16 bf16 in layout nt, one 128 x 128 output
-// tile per CTA, warp-specialized. Warpgroup 0 is the producer: one thread streams K tiles of 64 values of a (128
-// rows) and b (128 rows) by TMA into a ring of kStages stages (128-byte swizzle, zeros past M, N and K from the
-// tensor maps), each stage's bytes completing on its `full` mbarrier. Warpgroups 1 and 2 are the consumers: each
-// owns 64 rows of the tile, waits a stage full, runs four wgmma m64n128k16 over it from shared memory, and hands
-// the stage back on its `empty` mbarrier (every consumer thread arrives) once the wgmma that read it have completed (one stage kept in flight).
-// The epilogue folds the scales and the bias (store_out) from the fp32 accumulators.
+// The Hopper mainloop (issue 20): a persistent, warp-specialized wgmma + TMA GEMM for layout nt (a [m][k], b [n][k],
+// both K-major), every operand pair whose wgmma reads both operands from shared memory: bf16, fp16, fp8 (e4m3 / e5m2)
+// and s8. One CTA per SM walks the work units (batch, output tile, K slice) in a grouped raster.
 //
-// K order: K tiles in order, 16 values a wgmma in order: a row's sum does not depend on M, but it is not the
-// mma.sync mainloop's order, so the bits differ from recipes 0-3.
+// - Warpgroup 0 is the producer: one thread streams K tiles (128 bytes of K: 64 16-bit or 128 8-bit values) of a
+//   (128 rows) and b (kBN rows) by TMA into a ring of kStages stages (128-byte swizzle, zeros past M, N and K from
+//   the tensor maps), each stage's bytes completing on its `full` mbarrier. It runs ahead across units: the next
+//   tile's first stages load while the consumers run the epilogue.
+// - Warpgroups 1 and 2 are the consumers: each owns 64 rows of the 128-row tile, waits a stage full, runs four wgmma
+//   m64n<kBN> over it (32 bytes of K each) and hands the stage back on its `empty` mbarrier (every consumer thread
+//   arrives) once the wgmma that read it have completed, one stage kept in flight.
+// - Epilogue from the accumulators: store_out's arithmetic (scales, bias, out dtype) with the output type chosen once
+//   a tile, or fp32 / s32 partials to the workspace for split_k > 1 (gemm_reduce_kernel sums them in split order).
+//
+// K order: K tiles in order, 32 bytes of K a wgmma in order; a row's sum does not depend on M or on the other rows,
+// but it is not the mma.sync mainloop's order, so the bits differ from recipes 0-3.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 
@@ -19,6 +26,7 @@
 #include "kernels/common/ptx/smem.cuh"
 #include "kernels/common/ptx/sync.cuh"
 #include "kernels/common/ptx/tma.cuh"
+#include "kernels/common/ptx/wgmma_gemm_sm90.cuh"
 #include "kernels/common/ptx/wgmma_sm90.cuh"
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/sm80_gemm.cuh"
@@ -26,33 +34,176 @@
 namespace astrai {
 namespace gemm {
 
+// The operand pair's wgmma cell, accumulator type and TMA element type (8-bit operands travel as bytes).
+template <GemmPair kPair>
+struct Sm90Pair;
+
+#define ASTRAI_SM90_PAIR(PAIR, ACC, BYTES, MAPTYPE, CELL, PROMOTE)                                            \
+  template <>                                                                                                 \
+  struct Sm90Pair<GemmPair::PAIR> {                                                                           \
+    using Acc = ACC;                                                                                          \
+    static constexpr int kEltBytes = BYTES;                                                                   \
+    static constexpr bool kPromote = PROMOTE;                                                                 \
+    static constexpr CUtensorMapDataType kMapType = MAPTYPE;                                                  \
+    template <int kBN>                                                                                        \
+    __device__ __forceinline__ static void mma(Acc (&d)[kBN / 2], uint64_t da, uint64_t db, bool accumulate) { \
+      if constexpr (kBN == 128) {                                                                             \
+        wgmma_m64n128_##CELL##_ss(d, da, db, accumulate);                                                     \
+      } else {                                                                                                \
+        wgmma_m64n256_##CELL##_ss(d, da, db, accumulate);                                                     \
+      }                                                                                                       \
+    }                                                                                                         \
+  };
+// kPromote (fp8): Hopper's fp8 wgmma keeps only ~14 bits of the sum it accumulates into d (measured here: K = 16
+// already drifted 1e-4 relative; DeepSeek-V3's report says the same of H800), so each stage's 128 products of K
+// accumulate into fresh registers (scale-d 0) that are then added to the fp32 accumulators (DeepGEMM's promotion).
+ASTRAI_SM90_PAIR(kBf16Bf16, float, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, bf16, false)
+ASTRAI_SM90_PAIR(kF16F16, float, 2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, f16, false)
+ASTRAI_SM90_PAIR(kE4m3E4m3, float, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, e4m3e4m3, true)
+ASTRAI_SM90_PAIR(kE5m2E4m3, float, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, e5m2e4m3, true)
+ASTRAI_SM90_PAIR(kE4m3E5m2, float, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, e4m3e5m2, true)
+ASTRAI_SM90_PAIR(kS8S8, int32_t, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, s8, false)
+#undef ASTRAI_SM90_PAIR
+
+// A tile recipe: 128 x kBN output tile, kStages stages of 128 bytes of K.
+template <int kBN_>
 struct Sm90Recipe {
-  static constexpr int kBM = 128, kBN = 128, kBK = 64;  // kBK: 64 bf16 = one 128-byte swizzle row
-  static constexpr int kStages = 6;
-  static constexpr int kThreads = 384;                 // producer warpgroup + two consumer warpgroups
-  static constexpr int kTileBytesA = kBM * kBK * 2, kTileBytesB = kBN * kBK * 2;
+  static constexpr int kBM = 128, kBN = kBN_;
+  static constexpr int kBKBytes = 128;  // one 128-byte swizzle row of K
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static constexpr int kTileBytesA = kBM * kBKBytes, kTileBytesB = kBN * kBKBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
+  static constexpr int kStages = (225 * 1024) / kStageBytes;  // 7 (kBN 128) or 4 (kBN 256) of the 227 KB
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kGroupM = 16;  // raster: 16 tiles of M walk N together (L2 reuse of a and b)
 };
+using Sm90RecipeN128 = Sm90Recipe<128>;
+using Sm90RecipeN256 = Sm90Recipe<256>;
 
+// Unit u -> (batch, tile row, tile column, K slice): slices outermost, then batches, then the grouped raster.
+struct Sm90Unit {
+  int bz, m_tile, n_tile, split;
+};
 template <class R>
+__device__ __forceinline__ Sm90Unit sm90_unit(int u, int tiles_m, int tiles_n, int batch) {
+  const int per_batch = tiles_m * tiles_n;
+  Sm90Unit w;
+  w.split = u / (per_batch * batch);
+  const int v = u % (per_batch * batch);
+  w.bz = v / per_batch;
+  const int t = v % per_batch;
+  const int group = t / (R::kGroupM * tiles_n), first_m = group * R::kGroupM;
+  const int rows = min(R::kGroupM, tiles_m - first_m);
+  const int local = t - group * R::kGroupM * tiles_n;
+  w.m_tile = first_m + local % rows;
+  w.n_tile = local / rows;
+  return w;
+}
+
+// Two values of an output row as Out (a pair store where `pair`, else one or two scalar stores).
+__device__ __forceinline__ void sm90_put(__nv_bfloat16* o, float f0, float f1, bool two, bool pair) {
+  if (pair) {
+    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(f0, f1);
+  } else {
+    o[0] = __float2bfloat16_rn(f0);
+    if (two) o[1] = __float2bfloat16_rn(f1);
+  }
+}
+__device__ __forceinline__ void sm90_put(__half* o, float f0, float f1, bool two, bool pair) {
+  if (pair) {
+    *reinterpret_cast<__half2*>(o) = __floats2half2_rn(f0, f1);
+  } else {
+    o[0] = __float2half_rn(f0);
+    if (two) o[1] = __float2half_rn(f1);
+  }
+}
+template <class T, class V>
+__device__ __forceinline__ void sm90_put_raw(T* o, V v0, V v1, bool two, bool pair) {
+  if (pair) {
+    using T2 = typename std::conditional<std::is_same<T, float>::value, float2, int2>::type;
+    *reinterpret_cast<T2*>(o) = T2{T(v0), T(v1)};
+  } else {
+    o[0] = T(v0);
+    if (two) o[1] = T(v1);
+  }
+}
+
+// This thread's part of a finished tile: rows row0 and row0 + 8, columns col0 + 8 j (+1). kPartial: the raw
+// accumulators into the split's workspace slice (Out = Acc); Out = int32_t: the raw s32 output (no scales or bias).
+// Otherwise acc * the a_scale of the row * the b_scale of the column + bias in fp32, then Out: store_out's
+// arithmetic, with the output type decided once a tile instead of once an element.
+template <class Out, bool kPartial, class R, class Acc>
+__device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90Unit& w, int row0, int col0,
+                                                const Acc (&acc)[R::kBN / 2]) {
+  constexpr bool kRaw = kPartial || std::is_same<Out, int32_t>::value;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= p.m) continue;
+    int64_t base;
+    Out* out;
+    if constexpr (kPartial) {
+      out = static_cast<Out*>(p.workspace);
+      base = ((int64_t(w.bz) * p.split_k + w.split) * p.m + row) * p.n;
+    } else {
+      out = static_cast<Out*>(p.out);
+      base = w.bz * p.out_batch_stride + int64_t(row) * p.out_row_stride;
+    }
+    float sa = 1.f;
+    if constexpr (!kRaw) sa = p.a_scale ? p.a_scale[p.a_scale_per_row ? row : 0] : 1.f;
+#pragma unroll
+    for (int j = 0; j < R::kBN / 8; ++j) {
+      const int col = col0 + 8 * j;
+      if (col >= p.n) break;
+      const bool two = col + 1 < p.n;
+      const int64_t off = base + col;
+      const bool pair = two && (off & 1) == 0;
+      const Acc v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      if constexpr (kRaw) {
+        sm90_put_raw(out + off, v0, v1, two, pair);
+      } else {
+        float f0 = float(v0) * sa, f1 = float(v1) * sa;
+        if (p.b_scale) {
+          f0 *= p.b_scale[p.b_scale_per_col ? col : 0];
+          if (two) f1 *= p.b_scale[p.b_scale_per_col ? col + 1 : 0];
+        }
+        if (p.bias_dtype != GemmBias::kNone) {
+          f0 += bias_at(p, col);
+          if (two) f1 += bias_at(p, col + 1);
+        }
+        if constexpr (std::is_same<Out, float>::value) {
+          sm90_put_raw(out + off, f0, f1, two, pair);
+        } else {
+          sm90_put(out + off, f0, f1, two, pair);
+        }
+      }
+    }
+  }
+}
+
+// Maps are 3-D (k, rows, batch); a broadcast operand's map has one batch and is always read at batch 0.
+template <GemmPair kPair, class R>
 __global__ void __launch_bounds__(R::kThreads, 1)
-    gemm_sm90_w16a16_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                            const __grid_constant__ GemmParams p) {
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const __grid_constant__ GemmParams p) {
 #if ASTRAI_WGMMA
+  using P = Sm90Pair<kPair>;
+  using Acc = typename P::Acc;
   extern __shared__ uint8_t smem_raw[];
   // Stages 1024-byte aligned (the swizzle atoms), then the barriers.
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + R::kStages * R::kStageBytes);
   uint64_t* const empty = full + R::kStages;
   const int wg = threadIdx.x / 128;
-  const int m0 = blockIdx.y * R::kBM, n0 = blockIdx.x * R::kBN;
-  const int k_tiles = (p.k + R::kBK - 1) / R::kBK;
+  const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
+  const int units = tiles_m * tiles_n * p.batch * p.split_k;
+  const int k_tiles = (p.k * P::kEltBytes + R::kBKBytes - 1) / R::kBKBytes;
+  constexpr int kBK = R::kBKBytes / P::kEltBytes;  // K values a stage
   if (threadIdx.x == 0) {
     for (int s = 0; s < R::kStages; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 2 * 128);  // every consumer thread (as the attention kernel's rings)
+      mbarrier_init(&empty[s], 2);  // one arrival a consumer warpgroup (its wgmma wait is warpgroup-wide)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -61,14 +212,20 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   if (wg == 0) {
     setmaxnreg_dec<R::kProducerRegs>();
     if (threadIdx.x == 0) {
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % R::kStages;
-        const uint32_t phase = uint32_t(kt / R::kStages) & 1u;
-        mbarrier_wait(&empty[s], phase ^ 1u);  // a fresh barrier's "previous" phase counts as complete
-        uint8_t* const stage = smem + s * R::kStageBytes;
-        mbarrier_arrive_expect_tx(&full[s], R::kStageBytes);
-        tma_load_2d(smem_addr(stage), &map_a, &full[s], kt * R::kBK, m0);
-        tma_load_2d(smem_addr(stage + R::kTileBytesA), &map_b, &full[s], kt * R::kBK, n0);
+      const bool a_bcast = p.a_batch_stride == 0, b_bcast = p.b_batch_stride == 0;
+      int it = 0;  // stages issued so far, across units: the ring position
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const Sm90Unit w = sm90_unit<R>(u, tiles_m, tiles_n, p.batch);
+        const int kt0 = w.split * p.k_tiles_per_split, kt1 = min(kt0 + p.k_tiles_per_split, k_tiles);
+        for (int kt = kt0; kt < kt1; ++kt, ++it) {
+          const int s = it % R::kStages;
+          mbarrier_wait_sleep(&empty[s], (uint32_t(it / R::kStages) & 1u) ^ 1u);  // a fresh barrier's previous phase counts
+          uint8_t* const stage = smem + s * R::kStageBytes;
+          mbarrier_arrive_expect_tx(&full[s], R::kStageBytes);
+          tma_load_3d(smem_addr(stage), &map_a, &full[s], kt * kBK, w.m_tile * R::kBM, a_bcast ? 0 : w.bz);
+          tma_load_3d(smem_addr(stage + R::kTileBytesA), &map_b, &full[s], kt * kBK, w.n_tile * R::kBN,
+                      b_bcast ? 0 : w.bz);
+        }
       }
     }
     return;
@@ -76,39 +233,93 @@ __global__ void __launch_bounds__(R::kThreads, 1)
 
   setmaxnreg_inc<R::kConsumerRegs>();
   const int cw = wg - 1;  // this consumer's 64 rows of the tile
-  float acc[64];
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
+  Acc acc[R::kBN / 2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  // K-major, 128-byte swizzle: 8-row atoms 1024 bytes apart (SBO); a k16 step is 32 bytes into the row.
+  for (int i = 0; i < R::kBN / 2; ++i) acc[i] = Acc(0);
+  // K-major, 128-byte swizzle: 8-row atoms 1024 bytes apart (SBO); each wgmma is 32 bytes further into the row.
   constexpr uint32_t kSbo = 1024;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % R::kStages;
-    mbarrier_wait(&full[s], uint32_t(kt / R::kStages) & 1u);
-    const uint32_t stage = smem_addr(smem + s * R::kStageBytes);
-    const uint64_t desc_a = wgmma_desc_sw128(stage + cw * 64 * 128, 16, kSbo);
-    const uint64_t desc_b = wgmma_desc_sw128(stage + R::kTileBytesA, 16, kSbo);
-    wgmma_fence();
+  // A stage goes back to the producer once this warpgroup's wgmma that read it completed: one arrival (thread 0 of
+  // the warpgroup; wgmma.wait_group completes the warpgroup's whole group).
+  const bool signals = threadIdx.x % 128 == 0;
+  int it = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Sm90Unit w = sm90_unit<R>(u, tiles_m, tiles_n, p.batch);
+    const int kt0 = w.split * p.k_tiles_per_split, kt1 = min(kt0 + p.k_tiles_per_split, k_tiles);
+    if constexpr (P::kPromote) {
 #pragma unroll
-    for (int ks = 0; ks < R::kBK / 16; ++ks)
-      wgmma_m64n128k16_ss(acc, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32), true);
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous stage's wgmma are done: hand that stage back
-    if (kt > 0) mbarrier_arrive(&empty[(kt - 1) % R::kStages]);
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
-
-  // acc[4 j + e]: row 16 w + g + 8 (e / 2) of this consumer's 64, column 8 j + 2 t + e % 2.
-  const int lane = threadIdx.x % 32, w = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + cw * 64 + 16 * w + g + 8 * h, col = n0 + 8 * j + 2 * t;
-      if (row < p.m && col < p.n)
-        store_out<float>(p, 0, row, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], col + 1 < p.n);
+      for (int i = 0; i < R::kBN / 2; ++i) acc[i] = Acc(0);
     }
+    for (int kt = kt0; kt < kt1; ++kt, ++it) {
+      const int s = it % R::kStages;
+      mbarrier_wait_sleep(&full[s], uint32_t(it / R::kStages) & 1u);
+      const uint32_t stage = smem_addr(smem + s * R::kStageBytes);
+      const uint64_t desc_a = wgmma_desc_sw128(stage + cw * 64 * 128, 16, kSbo);
+      const uint64_t desc_b = wgmma_desc_sw128(stage + R::kTileBytesA, 16, kSbo);
+      if constexpr (P::kPromote) {
+        Acc part[R::kBN / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < R::kBKBytes / 32; ++ks)
+          P::template mma<R::kBN>(part, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32),
+                                  ks > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < R::kBN / 2; ++i) {
+          wgmma_fence_operand(part[i]);
+          acc[i] += part[i];
+        }
+        if (signals) mbarrier_arrive(&empty[s]);
+      } else {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < R::kBKBytes / 32; ++ks)
+          P::template mma<R::kBN>(acc, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32),
+                                  kt > kt0 || ks > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmma are done: hand that stage back
+        if (kt > kt0 && signals) mbarrier_arrive(&empty[(it - 1) % R::kStages]);
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < R::kBN / 2; ++i) wgmma_fence_operand(acc[i]);
+    const bool partial = p.split_k > 1;
+    if (kt1 <= kt0) {  // an empty K slice (split_k past the K tiles, or K = 0): zeros (its own path: no spills)
+      for (int h = 0; h < 2; ++h) {
+        const int row = w.m_tile * R::kBM + cw * 64 + 16 * warp + g + 8 * h;
+        if (row >= p.m) continue;
+        for (int j = 0; j < R::kBN / 8; ++j) {
+          const int col = w.n_tile * R::kBN + 8 * j + 2 * t;
+          if (col >= p.n) continue;
+          const bool two = col + 1 < p.n;
+          if (partial) {
+            Acc* ws = static_cast<Acc*>(p.workspace) + ((int64_t(w.bz) * p.split_k + w.split) * p.m + row) * p.n + col;
+            ws[0] = Acc(0);
+            if (two) ws[1] = Acc(0);
+          } else {
+            store_out<Acc>(p, w.bz, row, col, Acc(0), Acc(0), two);
+          }
+        }
+      }
+      continue;
+    }
+    if (!P::kPromote && signals) mbarrier_arrive(&empty[(it - 1) % R::kStages]);
+
+    // acc[4 j + e]: row 16 warp + g + 8 (e / 2) of this consumer's 64, column 8 j + 2 t + e % 2.
+    const int row0 = w.m_tile * R::kBM + cw * 64 + 16 * warp + g, col0 = w.n_tile * R::kBN + 2 * t;
+    if (partial) {
+      sm90_store_tile<Acc, true, R>(p, w, row0, col0, acc);
+    } else {
+      switch (p.out_dtype) {  // one branch a tile, not one an element
+        case GemmOut::kBf16: sm90_store_tile<__nv_bfloat16, false, R>(p, w, row0, col0, acc); break;
+        case GemmOut::kF16: sm90_store_tile<__half, false, R>(p, w, row0, col0, acc); break;
+        case GemmOut::kF32: sm90_store_tile<float, false, R>(p, w, row0, col0, acc); break;
+        default: sm90_store_tile<int32_t, false, R>(p, w, row0, col0, acc); break;
+      }
+    }
+  }
 #endif
 }
 

@@ -26,6 +26,8 @@ E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.bfloat16, torch.int8),
          (torch.float16, torch.int8), (torch.int8, torch.int8), (E4, E4), (E5, E4), (E4, E5)]
 PAIR_IDS = ["bf16", "f16", "bf16-s8", "f16-s8", "s8", "e4m3", "e5m2-e4m3", "e4m3-e5m2"]
+# The sm_90a fp8 wgmma's in-stage sums (~14 bits, 4 steps a stage of 128 products) relative to the largest output.
+FP8_WGMMA_BOUND = 4 * 2.0**-13
 SHAPES = [(1, 64, 16), (7, 130, 1008), (129, 257, 512), (1000, 300, 272)]  # (M, N, K): K rows 16-byte aligned
 
 
@@ -61,6 +63,18 @@ def skip_if_blocked(ta):
         pytest.skip(f"fp8: {fp8_blocked()} (test_fp8_refused covers the message)")
 
 
+def skip_if_no_recipe(recipe, ta, tb):
+    """Recipes 4 and 5 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the image
+    (test_sm90_recipes_refused covers the messages)."""
+    if recipe in ops.SM90_RECIPES:
+        if not ops.sm90_available(torch.device(DEVICE)):
+            pytest.skip("recipes 4 and 5 need an sm_90 GPU and sm_90a code in the image")
+        if tb == torch.int8 and ta != torch.int8:
+            pytest.skip("recipes 4 and 5 have no w8a16 kernel")
+        if recipe == 5 and ta in (E4, E5):
+            pytest.skip("recipe 5 has no fp8 kernel")
+
+
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want).abs().max() / (want.abs().max() + 1e-30)).item()
 
@@ -72,14 +86,17 @@ def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def test_matches_float64(pair, shape, recipe, split_k):
     ta, tb = pair
     skip_if_blocked(ta)
+    skip_if_no_recipe(recipe, ta, tb)
     m, n, k = shape
     a, b = operand(ta, (m, k)), operand(tb, (n, k))
     sa, sb = scales_for(ta, tb, m, n)
     bias = torch.randn(n, device=DEVICE) if split_k == 3 else None
     y = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=torch.float32, plan=(recipe, split_k))
     want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
-    # fp32 accumulation over K of exact products: a few ulp of fp32 relative to the largest output
-    assert torch.isfinite(y).all() and rel_error(y, want) < 1e-5, rel_error(y, want)
+    # fp32 accumulation over K of exact products: a few ulp of fp32 relative to the largest output; the sm_90a fp8
+    # wgmma sums each stage's 128 products at ~14 bits before the fp32 accumulators (test_sm90_fp8_error_vs_scaled_mm)
+    bound = FP8_WGMMA_BOUND if ta in (E4, E5) and recipe in ops.SM90_RECIPES else 1e-5
+    assert torch.isfinite(y).all() and rel_error(y, want) < bound, rel_error(y, want)
 
 
 @pytest.mark.parametrize("pair", PAIRS[:5], ids=PAIR_IDS[:5])
@@ -208,6 +225,102 @@ def test_fp8_refused():
     a, b = operand(E4, (16, 64)), operand(E4, (16, 64))
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*fp8"):
         ops.quant_gemm(a, b)
+
+
+# --- the Hopper mainloop (recipes 4 and 5) ------------------------------------------------------------------
+
+SM90_PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.int8, torch.int8), (E4, E4),
+              (E5, E4), (E4, E5)]
+SM90_PAIR_IDS = ["bf16", "f16", "s8", "e4m3", "e5m2-e4m3", "e4m3-e5m2"]
+
+
+def skip_without_sm90():
+    if not ops.sm90_available(torch.device(DEVICE)):
+        pytest.skip("recipes 4 and 5 need an sm_90 GPU and sm_90a code in the image (test_sm90_recipes_refused)")
+
+
+@pytest.mark.parametrize("pair", SM90_PAIRS, ids=SM90_PAIR_IDS)
+@pytest.mark.parametrize("plan", [(4, 1), (4, 3), (5, 1), (5, 2)], ids=lambda p: f"r{p[0]}s{p[1]}")
+def test_sm90_persistent_units_batch_broadcast(pair, plan):
+    """More work units than SMs (each CTA walks several, its TMA ring running across them), batch 3 with b
+    broadcast, split-K, per-row and per-channel scales, bias, a poisoned output."""
+    ta, tb = pair
+    skip_if_no_recipe(plan[0], ta, tb)
+    B, m, n, k = 3, 700, 1100, 1040 if ta in (torch.bfloat16, torch.float16) else 1056
+    a, b = operand(ta, (B, m, k)), operand(tb, (n, k))
+    sa, sb = scales_for(ta, tb, m, n)
+    bias = torch.randn(n, device=DEVICE)
+    out = torch.full((B, m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out=out, plan=plan)
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
+    bound = FP8_WGMMA_BOUND if ta in (E4, E5) else 1e-5
+    assert torch.isfinite(out).all() and rel_error(out, want) < bound, rel_error(out, want)
+
+
+@pytest.mark.parametrize("plan", [(4, 1), (5, 4), (4, 16)], ids=lambda p: f"r{p[0]}s{p[1]}")
+def test_sm90_int8_exact_and_repeatable(plan):
+    """int8 x int8 -> int32 exact against the integer reference (split 16 of 8 K tiles: empty slices add zeros);
+    repeated calls and a CUDA-graph replay bitwise equal; the poison control detects a one-element change."""
+    skip_without_sm90()
+    m, n, k = 257, 520, 912
+    a, b = operand(torch.int8, (m, k)), operand(torch.int8, (n, k))
+    y = ops.quant_gemm(a, b, out_dtype=torch.int32, plan=plan)
+    assert torch.equal(y.cpu().long(), reference(a.cpu(), b.cpu()).long())
+    assert_detects_perturbation(y)
+    assert_bitwise_equal(ops.quant_gemm(a, b, out_dtype=torch.int32, plan=plan), y, "repeat")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        ops.quant_gemm(a, b, out_dtype=torch.int32, plan=plan)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = ops.quant_gemm(a, b, out_dtype=torch.int32, plan=plan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, y, "graph replay")
+
+
+@pytest.mark.parametrize("pair", [(E4, E4), (E5, E4)], ids=["e4m3", "e5m2-e4m3"])
+def test_sm90_fp8_error_vs_scaled_mm(pair):
+    """fp8 at K = 16384 on recipe 4 (each stage's wgmma sum promoted to fp32 registers): error against float64 no
+    worse than 2x torch._scaled_mm's on the same operands (unit scales, fp32 out)."""
+    skip_without_sm90()
+    ta, tb = pair
+    m, n, k = 256, 512, 16384
+    a, b = operand(ta, (m, k)), operand(tb, (n, k))
+    want = reference(a, b)
+    ours = rel_error(ops.quant_gemm(a, b, out_dtype=torch.float32, plan=(4, 1)), want)
+    one = torch.ones((), device=DEVICE)
+    theirs = rel_error(torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.float32), want)
+    assert ours <= 2 * theirs + 1e-7, (ours, theirs)
+
+
+def test_sm90_builtin_plan_used():
+    """On an H100 / H200 with sm_90a code the built-in plan of a large nt call is a Hopper recipe, and
+    ASTRAI_GEMM_PORTABLE is the documented way back (read once per process: checked through plan_problem)."""
+    skip_without_sm90()
+    a, b = operand(torch.bfloat16, (1024, 4096)), operand(torch.bfloat16, (4096, 4096))
+    recipe, _ = ops.plan_for(a, b, 0, False)
+    assert recipe in ops.SM90_RECIPES
+    portable = ops.plan_problem(0, ops.problem(0, a.shape, b.shape), "w16a16", ops.num_sms(a.device), False)
+    assert portable[0] not in ops.SM90_RECIPES
+
+
+def test_sm90_recipes_refused():
+    """Recipes 4 and 5 raise before launch, naming the op and the reason: off an sm_90 GPU or without sm_90a code
+    (the PTX images), for w8a16, in a layout other than nt."""
+    a16, b16 = operand(torch.bfloat16, (16, 64)), operand(torch.bfloat16, (32, 64))
+    if not ops.sm90_available(torch.device(DEVICE)):
+        with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 4 and 5"):
+            ops.quant_gemm(a16, b16, plan=(4, 1))
+        return
+    b8, sb = operand(torch.int8, (32, 64)), torch.rand(32, device=DEVICE) + 0.5
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*no w8a16 kernel"):
+        ops.quant_gemm(a16, b8, b_scale=sb, plan=(5, 1))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*layout nt only"):
+        ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(4, 1))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 5 .*no fp8 kernel"):
+        ops.quant_gemm(a16.to(E4), b16.to(E4), plan=(5, 1))
 
 
 # --- layouts nn, tn, tt --------------------------------------------------------------------------------------

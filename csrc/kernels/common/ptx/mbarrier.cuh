@@ -44,4 +44,20 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
+// mbarrier_wait with a suspend-time hint: the thread sleeps in hardware until the phase completes (or the hint's
+// time passes) instead of re-polling, so waiting warps do not contend with the barrier's other users (a GEMM's
+// 256 consumer threads against the TMA's transaction updates and the wgmma's shared-memory reads).
+__device__ __forceinline__ void mbarrier_wait_sleep(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr uint32_t kSuspendNs = 10000000;
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity), "r"(kSuspendNs)
+      : "memory");
+#endif
+}
+
 }  // namespace astrai

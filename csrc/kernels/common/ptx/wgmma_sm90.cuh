@@ -49,6 +49,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // the registers asynchronously, which the asm operands alone do not express.
 __device__ __forceinline__ void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void wgmma_fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void wgmma_fence_operand(int32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // The 64 fp32 accumulators of an m64n128 wgmma as read-write asm operands %0..%63.
 #define ASTRAI_WGMMA_D64(d)                                                                                         \

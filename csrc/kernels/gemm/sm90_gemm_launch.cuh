@@ -1,0 +1,79 @@
+// Host side of the Hopper mainloop (sm90_gemm.cuh): tensor maps, the persistent grid, the split-K reduction.
+// gemm_sm90_<group>.cu instantiate it for their pairs, so the translation units compile in parallel.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/device_facts.h"
+#include "kernels/common/host/tensor_map.h"
+#include "kernels/gemm/sm80_gemm_launch.cuh"
+#include "kernels/gemm/sm90_gemm.cuh"
+
+namespace astrai {
+namespace gemm {
+
+// A K-major operand [batch][rows][k] as a 3-D map (k, rows, batch) in boxes of one 128-byte K tile x box_rows rows,
+// 128-byte swizzle, zeros past the edges. A broadcast operand (batch stride 0) gets one batch. False where TMA
+// cannot describe it (a base address or stride not a multiple of 16 bytes).
+inline bool sm90_k_major_map(CUtensorMap* map, CUtensorMapDataType type, int elt_bytes, const void* base, int rows,
+                             int k, int64_t row_stride, int batch, int64_t batch_stride, int box_rows) {
+  const uint64_t dims[3] = {uint64_t(k), uint64_t(rows), uint64_t(batch_stride == 0 ? 1 : batch)};
+  // One row: the op leaves its stride 0 (unread); any multiple of 16 bytes describes it.
+  const int64_t row_bytes = rows > 1 ? row_stride * elt_bytes : (int64_t(k) * elt_bytes + 15) / 16 * 16;
+  const int64_t batch_bytes = batch_stride == 0 ? row_bytes * rows : batch_stride * elt_bytes;
+  const int64_t strides[2] = {row_bytes, batch_bytes};
+  const uint32_t box[3] = {uint32_t(128 / elt_bytes), uint32_t(box_rows), 1};
+  return encode_tensor_map_tiled(map, type, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+}
+
+// The launch of (pair, recipe) for layout nt: cudaErrorNotSupported where the maps cannot describe the operands.
+template <GemmPair kPair, class R>
+cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
+  using P = Sm90Pair<kPair>;
+  CUtensorMap map_a, map_b;
+  if (!sm90_k_major_map(&map_a, P::kMapType, P::kEltBytes, p.a, p.m, p.k, p.a_row_stride, p.batch, p.a_batch_stride,
+                        R::kBM) ||
+      !sm90_k_major_map(&map_b, P::kMapType, P::kEltBytes, p.b, p.n, p.k, p.b_row_stride, p.batch, p.b_batch_stride,
+                        R::kBN))
+    return cudaErrorNotSupported;
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  auto* kernel = &gemm_sm90_kernel<kPair, R>;
+  static std::atomic<uint64_t> smem_set{0};
+  ASTRAI_CUDA_TRY(allow_smem(kernel, R::kSmemBytes, smem_set));
+  const int64_t units = int64_t(ceil_div(p.m, R::kBM)) * ceil_div(p.n, R::kBN) * p.batch * p.split_k;
+  const unsigned grid = unsigned(std::min<int64_t>(units, facts.sm_count));
+  kernel<<<grid, R::kThreads, R::kSmemBytes, stream>>>(map_a, map_b, p);
+  ASTRAI_CUDA_TRY(cudaGetLastError());
+  if (p.split_k > 1) return launch_split_reduce<typename P::Acc>(p, stream);
+  return cudaSuccess;
+}
+
+// Recipe 4 (128 x 128) or 5 (128 x 256) of one pair. The fp8 pairs have recipe 4 only: their promoted
+// accumulators (twice the registers) do not fit a 256-column tile.
+template <GemmPair kPair>
+cudaError_t sm90_launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
+  if constexpr (Sm90Pair<kPair>::kPromote) {
+    return recipe == 4 ? sm90_launch_recipe<kPair, Sm90RecipeN128>(p, stream) : cudaErrorInvalidValue;
+  } else {
+    return recipe == 5 ? sm90_launch_recipe<kPair, Sm90RecipeN256>(p, stream)
+                       : sm90_launch_recipe<kPair, Sm90RecipeN128>(p, stream);
+  }
+}
+
+// ptxVersion of the sm90 code this image runs on the current device (< 90: none; the kernels are empty there).
+inline cudaError_t sm90_code_arch(int* ptx_version) {
+  cudaFuncAttributes attr{};
+  ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, &gemm_sm90_kernel<GemmPair::kBf16Bf16, Sm90RecipeN128>));
+  *ptx_version = attr.ptxVersion;
+  return cudaSuccess;
+}
+
+}  // namespace gemm
+}  // namespace astrai
