@@ -73,8 +73,11 @@ struct Sm90Recipe {
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr int kTileBytesA = kBM * kBKBytes, kTileBytesB = kBN * kBKBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
-  static constexpr int kStages = (225 * 1024) / kStageBytes;  // 7 (kBN 128) or 4 (kBN 256) of the 227 KB
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
+  // Each consumer warpgroup stages its output through 16 KB of shared memory (64 rows x 256 bytes) for coalesced
+  // stores; the ring takes what is left of the 227 KB: 6 stages (kBN 128) or 4 (kBN 256).
+  static constexpr int kEpilogueBytes = 2 * 64 * 256;
+  static constexpr int kStages = (227 * 1024 - kEpilogueBytes - 2048) / kStageBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kEpilogueBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupM = 16;  // raster: 16 tiles of M walk N together (L2 reuse of a and b)
 };
@@ -101,82 +104,91 @@ __device__ __forceinline__ Sm90Unit sm90_unit(int u, int tiles_m, int tiles_n, i
   return w;
 }
 
-// Two values of an output row as Out (a pair store where `pair`, else one or two scalar stores).
-__device__ __forceinline__ void sm90_put(__nv_bfloat16* o, float f0, float f1, bool two, bool pair) {
-  if (pair) {
-    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(f0, f1);
-  } else {
-    o[0] = __float2bfloat16_rn(f0);
-    if (two) o[1] = __float2bfloat16_rn(f1);
-  }
-}
-__device__ __forceinline__ void sm90_put(__half* o, float f0, float f1, bool two, bool pair) {
-  if (pair) {
-    *reinterpret_cast<__half2*>(o) = __floats2half2_rn(f0, f1);
-  } else {
-    o[0] = __float2half_rn(f0);
-    if (two) o[1] = __float2half_rn(f1);
-  }
-}
-template <class T, class V>
-__device__ __forceinline__ void sm90_put_raw(T* o, V v0, V v1, bool two, bool pair) {
-  if (pair) {
-    using T2 = typename std::conditional<std::is_same<T, float>::value, float2, int2>::type;
-    *reinterpret_cast<T2*>(o) = T2{T(v0), T(v1)};
-  } else {
-    o[0] = T(v0);
-    if (two) o[1] = T(v1);
-  }
-}
-
-// This thread's part of a finished tile: rows row0 and row0 + 8, columns col0 + 8 j (+1). kPartial: the raw
-// accumulators into the split's workspace slice (Out = Acc); Out = int32_t: the raw s32 output (no scales or bias).
-// Otherwise acc * the a_scale of the row * the b_scale of the column + bias in fp32, then Out: store_out's
-// arithmetic, with the output type decided once a tile instead of once an element.
+// Stores a consumer warpgroup's 64 rows of a finished tile through `buf` (16 KB of shared memory, this warpgroup's)
+// in chunks of 64 rows x 256 bytes: the threads write their fragments (converted) into the chunk, 16-byte units
+// XOR-swizzled by row so the 8 rows of a fragment hit distinct banks, then copy it out a 16-byte unit a thread, rows
+// of 256 contiguous bytes (scalar stores where a unit runs past N or is not 16-byte aligned in memory).
+//
+// kPartial: raw accumulators into the split's workspace slice (Out = Acc); Out = int32_t: the raw s32 output.
+// Otherwise acc * the a_scale of the row * the b_scale of the column + bias in fp32, then Out (store_out's
+// arithmetic, with the output type decided once a tile). acc[4 j + e] is row 16 warp + g + 8 (e / 2) of the 64,
+// column 8 j + 2 t + e % 2 of the tile.
 template <class Out, bool kPartial, class R, class Acc>
-__device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90Unit& w, int row0, int col0,
-                                                const Acc (&acc)[R::kBN / 2]) {
+__device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90Unit& w, int cw,
+                                                const Acc (&acc)[R::kBN / 2], uint8_t* buf) {
   constexpr bool kRaw = kPartial || std::is_same<Out, int32_t>::value;
+  constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kChunks = R::kBN / kChunkCols, kPerUnit = 16 / kE;
+  const int tid = threadIdx.x % 128, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  const int row0 = w.m_tile * R::kBM + cw * 64, col0 = w.n_tile * R::kBN;
+  Out* out;
+  int64_t batch_base;
+  if constexpr (kPartial) {
+    out = static_cast<Out*>(p.workspace);
+    batch_base = (int64_t(w.bz) * p.split_k + w.split) * p.m * p.n;
+  } else {
+    out = static_cast<Out*>(p.out);
+    batch_base = w.bz * p.out_batch_stride;
+  }
+  const int64_t row_stride = kPartial ? int64_t(p.n) : p.out_row_stride;
+  float sa[2] = {1.f, 1.f};
+  if constexpr (!kRaw) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    if (row >= p.m) continue;
-    int64_t base;
-    Out* out;
-    if constexpr (kPartial) {
-      out = static_cast<Out*>(p.workspace);
-      base = ((int64_t(w.bz) * p.split_k + w.split) * p.m + row) * p.n;
-    } else {
-      out = static_cast<Out*>(p.out);
-      base = w.bz * p.out_batch_stride + int64_t(row) * p.out_row_stride;
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 16 * warp + g + 8 * h;
+      sa[h] = p.a_scale && row < p.m ? p.a_scale[p.a_scale_per_row ? row : 0] : 1.f;
     }
-    float sa = 1.f;
-    if constexpr (!kRaw) sa = p.a_scale ? p.a_scale[p.a_scale_per_row ? row : 0] : 1.f;
+  }
 #pragma unroll
-    for (int j = 0; j < R::kBN / 8; ++j) {
-      const int col = col0 + 8 * j;
-      if (col >= p.n) break;
-      const bool two = col + 1 < p.n;
-      const int64_t off = base + col;
-      const bool pair = two && (off & 1) == 0;
-      const Acc v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-      if constexpr (kRaw) {
-        sm90_put_raw(out + off, v0, v1, two, pair);
-      } else {
-        float f0 = float(v0) * sa, f1 = float(v1) * sa;
-        if (p.b_scale) {
-          f0 *= p.b_scale[p.b_scale_per_col ? col : 0];
-          if (two) f1 *= p.b_scale[p.b_scale_per_col ? col + 1 : 0];
+  for (int c = 0; c < kChunks; ++c) {
+    named_barrier_sync(1 + cw, 128);  // the previous chunk (or tile) has been copied out of buf
+#pragma unroll
+    for (int jj = 0; jj < kChunkCols / 8; ++jj) {
+      const int j = c * (kChunkCols / 8) + jj;
+      const int col = col0 + 8 * j + 2 * t;
+      float sb0 = 1.f, sb1 = 1.f, b0 = 0.f, b1 = 0.f;
+      if constexpr (!kRaw) {
+        if (p.b_scale && col < p.n) {
+          sb0 = p.b_scale[p.b_scale_per_col ? col : 0];
+          sb1 = col + 1 < p.n ? p.b_scale[p.b_scale_per_col ? col + 1 : 0] : 1.f;
         }
-        if (p.bias_dtype != GemmBias::kNone) {
-          f0 += bias_at(p, col);
-          if (two) f1 += bias_at(p, col + 1);
+        if (p.bias_dtype != GemmBias::kNone && col < p.n) {
+          b0 = bias_at(p, col);
+          b1 = col + 1 < p.n ? bias_at(p, col + 1) : 0.f;
         }
-        if constexpr (std::is_same<Out, float>::value) {
-          sm90_put_raw(out + off, f0, f1, two, pair);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp + g + 8 * h;
+        const int byte = (8 * jj + 2 * t) * kE;
+        Out* dst = reinterpret_cast<Out*>(buf + r * 256 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16);
+        const Acc v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (kRaw) {
+          dst[0] = Out(v0);
+          dst[1] = Out(v1);
+        } else if constexpr (std::is_same<Out, float>::value) {
+          dst[0] = float(v0) * sa[h] * sb0 + b0;
+          dst[1] = float(v1) * sa[h] * sb1 + b1;
+        } else if constexpr (std::is_same<Out, __half>::value) {
+          *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(float(v0) * sa[h] * sb0 + b0, float(v1) * sa[h] * sb1 + b1);
         } else {
-          sm90_put(out + off, f0, f1, two, pair);
+          *reinterpret_cast<__nv_bfloat162*>(dst) =
+              __floats2bfloat162_rn(float(v0) * sa[h] * sb0 + b0, float(v1) * sa[h] * sb1 + b1);
         }
+      }
+    }
+    named_barrier_sync(1 + cw, 128);  // the chunk is complete in buf
+#pragma unroll
+    for (int i = 0; i < 64 * 16 / 128; ++i) {
+      const int q = tid + 128 * i, r = q / 16, u = q % 16;
+      const int row = row0 + r, col = col0 + c * kChunkCols + u * kPerUnit;
+      if (row >= p.m || col >= p.n) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 256 + ((u ^ (r & 7)) * 16));
+      Out* dst = out + batch_base + int64_t(row) * row_stride + col;
+      if (col + kPerUnit <= p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        const Out* src = reinterpret_cast<const Out*>(&v);
+        for (int e = 0; e < kPerUnit && col + e < p.n; ++e) dst[e] = src[e];
       }
     }
   }
@@ -193,7 +205,8 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // Stages 1024-byte aligned (the swizzle atoms), then the barriers.
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + R::kStages * R::kStageBytes);
+  uint8_t* const epilogue_buf = smem + R::kStages * R::kStageBytes;  // 16 KB a consumer warpgroup
+  uint64_t* const full = reinterpret_cast<uint64_t*>(epilogue_buf + R::kEpilogueBytes);
   uint64_t* const empty = full + R::kStages;
   const int wg = threadIdx.x / 128;
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
@@ -307,16 +320,15 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     }
     if (!P::kPromote && signals) mbarrier_arrive(&empty[(it - 1) % R::kStages]);
 
-    // acc[4 j + e]: row 16 warp + g + 8 (e / 2) of this consumer's 64, column 8 j + 2 t + e % 2.
-    const int row0 = w.m_tile * R::kBM + cw * 64 + 16 * warp + g, col0 = w.n_tile * R::kBN + 2 * t;
+    uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
     if (partial) {
-      sm90_store_tile<Acc, true, R>(p, w, row0, col0, acc);
+      sm90_store_tile<Acc, true, R>(p, w, cw, acc, buf);
     } else {
       switch (p.out_dtype) {  // one branch a tile, not one an element
-        case GemmOut::kBf16: sm90_store_tile<__nv_bfloat16, false, R>(p, w, row0, col0, acc); break;
-        case GemmOut::kF16: sm90_store_tile<__half, false, R>(p, w, row0, col0, acc); break;
-        case GemmOut::kF32: sm90_store_tile<float, false, R>(p, w, row0, col0, acc); break;
-        default: sm90_store_tile<int32_t, false, R>(p, w, row0, col0, acc); break;
+        case GemmOut::kBf16: sm90_store_tile<__nv_bfloat16, false, R>(p, w, cw, acc, buf); break;
+        case GemmOut::kF16: sm90_store_tile<__half, false, R>(p, w, cw, acc, buf); break;
+        case GemmOut::kF32: sm90_store_tile<float, false, R>(p, w, cw, acc, buf); break;
+        default: sm90_store_tile<int32_t, false, R>(p, w, cw, acc, buf); break;
       }
     }
   }
