@@ -147,6 +147,64 @@ def test_plan_fits_the_rules():
                     assert split == 1 or k // split >= ops.MIN_K_PER_SPLIT
 
 
+# --- the Hopper recipes (sm90=True) ---------------------------------------------------------------------------
+
+# (M, N, K, pair) -> the plan at sm90=True on 132 SMs: the SM90_MODEL's least cost, worked from its constants.
+SM90_PLAN_TABLE = {
+    (128, 4096, 4096, "w16a16"): (4, 4),    # 32 tiles: a split of 4 fills 128 SMs
+    (4096, 4096, 4096, "w16a16"): (5, 1),   # 512 units of 128 x 256: 4 a SM
+    (4096, 4096, 4096, "fp8"): (4, 1),      # fp8 has recipe 4 only
+    (4096, 7168, 16384, "w8a8"): (5, 1),
+    (256, 2112, 7168, "w8a8"): (4, 2),
+    (1024, 24576, 1536, "w16a16"): (5, 1),
+}
+
+
+def _sm90_cost(m, n, k, pair, recipe, split, sms=132):
+    stage_4, unit_4, stage_5, unit_5, split_cost = ops.SM90_MODEL[pair]
+    stage, unit = (stage_4, unit_4) if recipe == 4 else (stage_5, unit_5)
+    k_tiles = -(-k // (64 if pair == "w16a16" else 128))
+    tile_n = 128 if recipe == 4 else 256
+    q = -(-(-(-m // 128) * -(-n // tile_n) * split) // sms)
+    return q * (stage * -(-k_tiles // split) + unit) + (split_cost * m * n * split / 1e6 if split > 1 else 0)
+
+
+@pytest.mark.parametrize("case", list(SM90_PLAN_TABLE), ids=str)
+def test_sm90_plan_table(case):
+    m, n, k, pair = case
+    recipes = (4,) if pair == "fp8" else (4, 5)
+    costs = {(r, s): _sm90_cost(m, n, k, pair, r, s) for r in recipes for s in (1, 2, 4, 8)
+             if s == 1 or k // s >= 1024}
+    assert min(costs, key=costs.get) == SM90_PLAN_TABLE[case]
+    assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == SM90_PLAN_TABLE[case]
+
+
+def test_sm90_plan_scope():
+    """The Hopper recipes serve layout "nt" at M > SM90_MIN_M for every pair but w8a16; elsewhere (M <= 64, other
+    layouts, w8a16) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K)."""
+    for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
+        for m in (1, 16, 64):
+            assert ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True) == ops.builtin_plan(m, 4096, 4096, pair, 132)
+        for layout in ("nn", "tn", "tt"):
+            assert ops.builtin_plan(1024, 4096, 4096, pair, 132, sm90=True, layout=layout) == \
+                ops.builtin_plan(1024, 4096, 4096, pair, 132, layout=layout)
+    assert ops.builtin_plan(1024, 4096, 4096, "w8a16", 132, sm90=True) == ops.builtin_plan(1024, 4096, 4096, "w8a16", 132)
+    for pair in ("w16a16", "w8a8", "fp8"):
+        plans = {ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, batch_invariant=True) for m in (1, 65, 4096)}
+        assert plans == {(4, 4)}
+    # tt runs swapped as "nn": never a Hopper recipe
+    assert ops.plan_problem(ops.LAYOUTS["tt"], ops.Problem(None, 1024, 4096, 4096, 4096), "w16a16", 132, False,
+                            sm90=True)[0] not in ops.SM90_RECIPES
+
+
+def test_sm90_available_off_a_gpu():
+    """No CUDA device here (tier 0): the built-in plan never picks recipes 4 and 5 through plan_for."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    a, b = torch.zeros(1024, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert ops.plan_for(a, b, 0, False) == (0, 1)
+
+
 def test_builtin_plan_rejects():
     with pytest.raises(ValueError, match=r"^builtin_plan: pair must be one of .*got 'w4a16'"):
         ops.builtin_plan(1, 64, 64, "w4a16", 132)
@@ -225,7 +283,9 @@ def test_data():
     assert ops.LAYOUT_DIMS == {"nt": ("[M, K]", "[N, K]"), "nn": ("[M, K]", "[K, N]"), "tn": ("[K, M]", "[K, N]"),
                                "tt": ("[K, M]", "[N, K]")}
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
-        "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64)}
+        "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64),
+        "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256)}
+    assert ops.SM90_RECIPES == (4, 5)
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e5m2) is None

@@ -109,15 +109,19 @@ STREAM_MAX_WARPS_K = 24
 STREAM_WARPS_PER_SM = 32
 STREAM_WARPS_PER_SM_16 = 24
 STREAM_MIN_K_PER_SPLIT = 256
-# The Hopper mainloop (recipes 4 and 5, `sm90_available`): at M > SM90_MIN_M (and at every M for a batch-invariant
-# plan) the (recipe, split) of least estimated time over SM90_SPLITS (each keeping >= MIN_K_PER_SPLIT of K):
-# q * 128 * tile_n * ceil(K / s) / SM90_RATE[recipe] + SM90_SPLIT_COST * M * N * s (s > 1), q = ceil(units / num_sms)
-# the units of the busiest SM of the persistent grid. Its batch-invariant plan is recipe 4 with the split of
-# one row of tiles (both from (N, K) alone).
+# The Hopper mainloop (recipes 4 and 5, `sm90_available`): at M > SM90_MIN_M the (recipe, split) of least estimated
+# time over SM90_SPLITS (each keeping >= MIN_K_PER_SPLIT of K), in microseconds on the persistent grid:
+#   q * (stage_r * ceil(k_tiles / s) + unit_r) + split_cost * M * N * s / 1e6  (the last term only for s > 1),
+# q = ceil(units * s / num_sms) the units of the busiest SM, k_tiles = ceil(K / K tile) (64 16-bit or 128 8-bit
+# values). SM90_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, split_cost): least-squares fit (relative error) to
+# an H200 sweep of every recipe and split of 4 and 5 over M 128-4096 and the nine (N, K) of tests/bench/
+# probe_gemm_plans.py (docs/benchmarks.md): geomean regret against the best timed plan 1.8% (w16a16), 0.3% (fp8),
+# 0.9% (w8a8). fp8 has recipe 4 only. A batch-invariant plan is recipe 4 with the split of one row of tiles (both
+# from (N, K) alone).
 SM90_MIN_M = MEDIUM_M
 SM90_SPLITS = (1, 2, 4, 8)
-SM90_RATE = {4: 1.0, 5: 1.1}
-SM90_SPLIT_COST = 7.5
+SM90_MODEL = {"w16a16": (0.359, 4.22, 0.670, 7.73, 2.24), "fp8": (0.424, 4.05, None, None, 2.00),
+              "w8a8": (0.352, 3.39, 0.629, 5.97, 2.29)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4 and 5 (the portable
 # mainloop on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = "ASTRAI_GEMM_PORTABLE"
@@ -301,18 +305,21 @@ def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
-    """The Hopper mainloop's (recipe, split) of least estimated time (the SM90_* model above); ties keep recipe 4
+    """The Hopper mainloop's (recipe, split) of least estimated time (the SM90_MODEL above); ties keep recipe 4
     and the smaller split."""
+    stage_4, unit_4, stage_5, unit_5, split_cost = SM90_MODEL[pair]
+    k_tiles = math.ceil(k / (64 if pair == "w16a16" else K_TILE_8BIT))
     best, best_cost = (4, 1), math.inf
-    for recipe in (4,) if pair == "fp8" else SM90_RECIPES:
-        tile = RECIPES[recipe]
+    for recipe, stage, unit in ((4, stage_4, unit_4), (5, stage_5, unit_5)):
+        if stage is None:
+            continue
         for split in SM90_SPLITS:
             if split > 1 and k // split < MIN_K_PER_SPLIT:
                 continue
             q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
-            cost = q * tile.tile_m * tile.tile_n * math.ceil(k / split) / SM90_RATE[recipe]
+            cost = q * (stage * math.ceil(k_tiles / split) + unit)
             if split > 1:
-                cost += SM90_SPLIT_COST * m * n * split
+                cost += split_cost * m * n * split / 1e6
             if cost < best_cost:
                 best, best_cost = (recipe, split), cost
     return best
