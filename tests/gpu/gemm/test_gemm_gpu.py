@@ -306,6 +306,20 @@ def test_sm90_builtin_plan_used():
     assert portable[0] not in ops.SM90_RECIPES
 
 
+@pytest.mark.parametrize("pair", [(torch.bfloat16, torch.bfloat16), (torch.int8, torch.int8)], ids=["bf16", "s8"])
+def test_torch_compile_fullgraph_matches_eager(pair):
+    """The op under torch.compile(fullgraph=True), built-in plan included (M = 300: a Hopper recipe on an H100 /
+    H200 with sm_90a code, the portable mainloop elsewhere): the same bits as eager."""
+    ta, tb = pair
+    a, b = operand(ta, (300, 512)), operand(tb, (260, 512))
+    out = torch.int32 if ta == torch.int8 else torch.bfloat16
+
+    def f(x, w):
+        return ops.quant_gemm(x, w, out_dtype=out)
+
+    assert_bitwise_equal(torch.compile(f, fullgraph=True)(a, b), f(a, b), "compiled vs eager")
+
+
 def test_sm90_recipes_refused():
     """Recipes 4 and 5 raise before launch, naming the op and the reason: off an sm_90 GPU or without sm_90a code
     (the PTX images), for w8a16, in a layout other than nt."""
