@@ -225,14 +225,35 @@ def test_num_sms_cached_per_device(monkeypatch):
         return Props
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
-    ops._num_sms.cache_clear()
+    ops._num_sms_cached.cache_clear()
     try:
         assert ops.num_sms(torch.device("cuda", 1)) == 132
         assert ops.num_sms(torch.device("cuda", 1)) == 132
         assert ops.num_sms(torch.device("cuda", 2)) == 132
     finally:
-        ops._num_sms.cache_clear()
+        ops._num_sms_cached.cache_clear()
     assert calls == [1, 2]
+
+
+def test_device_queries_trace_under_torch_compile(monkeypatch):
+    """num_sms and sm90_available are constants to torch.compile (assume_constant_result): fullgraph tracing does
+    not enter their caches or the loader's lock (it failed on the H200 before), and the result is baked in."""
+    class Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    ops._num_sms_cached.cache_clear()
+    ops._sm90_available_cached.cache_clear()
+    try:
+        def f(x):
+            return x + ops.num_sms(torch.device("cuda", 0)) + int(ops.sm90_available(torch.device("cuda", 0)))
+
+        want = f(torch.ones(2))
+        assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2)), want)
+    finally:
+        ops._num_sms_cached.cache_clear()
+        ops._sm90_available_cached.cache_clear()
 
 
 def test_plan_for_cpu_is_the_safe_default():

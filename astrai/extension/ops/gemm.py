@@ -326,13 +326,20 @@ def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, in
 
 
 @functools.lru_cache(maxsize=None)
-def _sm90_available(index: int) -> bool:
+def _sm90_available_cached(index: int) -> bool:
     if os.environ.get(PORTABLE_KNOB, "") not in ("", "0"):
         return False
     if torch.cuda.get_device_capability(index) != (9, 0):
         return False
     chosen = loader.selection().chosen
     return chosen is not None and "90a" in ((chosen.meta or {}).get("archs") or ())
+
+
+# Traced code (torch.compile) calls these at trace time and keeps the result: Dynamo cannot trace the loader's lock
+# (fullgraph=True failed on the H200 without this) nor an lru_cache wrapper as a cache.
+@torch.compiler.assume_constant_result
+def _sm90_available(index: int) -> bool:
+    return _sm90_available_cached(index)
 
 
 def sm90_available(device: torch.device) -> bool:
@@ -343,8 +350,13 @@ def sm90_available(device: torch.device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
+def _num_sms_cached(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@torch.compiler.assume_constant_result
+def _num_sms(index: int) -> int:
+    return _num_sms_cached(index)
 
 
 def num_sms(device: torch.device) -> int:
