@@ -7,8 +7,8 @@
 //   the tensor maps), each stage's bytes completing on its `full` mbarrier. It runs ahead across units: the next
 //   tile's first stages load while the consumers run the epilogue.
 // - Warpgroups 1 and 2 are the consumers: each owns 64 rows of the 128-row tile, waits a stage full, runs four wgmma
-//   m64n<kBN> over it (32 bytes of K each) and hands the stage back on its `empty` mbarrier (every consumer thread
-//   arrives) once the wgmma that read it have completed, one stage kept in flight.
+//   m64n<kBN> over it (32 bytes of K each) and hands the stage back on its `empty` mbarrier (one arrival a
+//   warpgroup) once the wgmma that read it have completed, one stage kept in flight (fp8: none, see kPromote).
 // - Epilogue from the accumulators: store_out's arithmetic (scales, bias, out dtype) with the output type chosen once
 //   a tile, or fp32 / s32 partials to the workspace for split_k > 1 (gemm_reduce_kernel sums them in split order).
 //

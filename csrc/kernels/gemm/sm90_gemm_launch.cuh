@@ -67,13 +67,5 @@ cudaError_t sm90_launch_pair(const GemmParams& p, int recipe, cudaStream_t strea
   }
 }
 
-// ptxVersion of the sm90 code this image runs on the current device (< 90: none; the kernels are empty there).
-inline cudaError_t sm90_code_arch(int* ptx_version) {
-  cudaFuncAttributes attr{};
-  ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, &gemm_sm90_kernel<GemmPair::kBf16Bf16, Sm90RecipeN128>));
-  *ptx_version = attr.ptxVersion;
-  return cudaSuccess;
-}
-
 }  // namespace gemm
 }  // namespace astrai
