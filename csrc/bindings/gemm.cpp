@@ -177,6 +177,9 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
 
   check(recipe >= 0 && recipe < kGemmRecipes, op, "recipe must be in [0, ", kGemmRecipes, "), got ", recipe);
   check(split_k >= 1 && split_k <= kMaxSplitK, op, "split_k must be in [1, ", kMaxSplitK, "], got ", split_k);
+  check(recipe != kGemmSm90StreamRecipe || split_k <= kGemmSm90StreamMaxSplit, op, "split_k must be in [1, ",
+        kGemmSm90StreamMaxSplit, "] for recipe ", kGemmSm90StreamRecipe,
+        " (the sm_90a weight stream runs its K slices as one cluster of CTAs), got ", split_k);
   const int64_t tm = gemm_recipe_tile_m(int(recipe));
   // The grid's rows tile M, or N where the layout runs as y^T = b a (gemm_swaps_operands).
   const bool swaps = gemm_swaps_operands(info->pair, GemmLayout(layout));

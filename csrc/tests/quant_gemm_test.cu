@@ -320,7 +320,8 @@ Expected expected(const Case& c, const Dots& d, const std::vector<float>& sa, co
   // The sm_90a recipes' fp8 wgmma sums a stage's 128 products of K in 4 steps at ~14 bits (the kernel then adds
   // each stage's sum to fp32 accumulators): a bound of 2^-13 of S a step. A dropped product (~S / K) still exceeds
   // it below K ~ 2048, above every fp8 K here.
-  const bool fp8_wgmma = kPairs[c.pair].group == Group::kFp8 && c.recipe >= kGemmFirstSm90Recipe;
+  const bool fp8_wgmma = kPairs[c.pair].group == Group::kFp8 && c.recipe >= kGemmFirstSm90Recipe &&
+                         c.recipe != kGemmSm90StreamRecipe;  // the weight stream's mma.sync sums in fp32
   for (size_t at = 0; at < d.acc.size(); ++at) {
     const int i = int(at / size_t(c.n) % size_t(c.m)), j = int(at % size_t(c.n));
     const double s = (sa.empty() ? 1.0 : sa[sa.size() == 1 ? 0 : size_t(i)]) *

@@ -8,10 +8,15 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
   against cuBLAS bf16, fp8 (unit tensorwise scales) against `torch._scaled_mm`, w8a8 (int32 out, M > 16) against
   `torch._int_mm`, with recipe 0 beside them; a result off the anchor's by more than 2e-2 (relative) is flagged.
   `sm90-quick`: the same at M = 1024 and 4096 without splits.
+- `stream90`: recipe 6 (the sm_90a weight stream) at splits 1, 2, 4, 8 for every pair at M in 1, 8, 16, 32, 64
+  over NK, weights rotated past the L2, beside cuBLAS bf16 `F.linear` on bf16 weights (every pair), tensorwise
+  `torch._scaled_mm` (fp8), `torch._int_mm` (w8a8, M > 16) and the portable plan (recipe 2, or recipe 1 past M = 16);
+  microseconds, the built-in pick, and a result off the float64 reference by more than 2e-2 (relative) flagged.
+  `stream90-quick`: the same at M = 1 and 16.
 - `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
   weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream]
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream|stream90|sm90|sm90-quick]
 """
 import statistics
 import sys
@@ -75,6 +80,46 @@ def stream():
                   + "  ".join(row), flush=True)
 
 
+def stream90(ms=(1, 8, 16, 32, 64), nks=NK):
+    e4 = torch.float8_e4m3fn
+    one = torch.ones((), device="cuda")
+    for n, k in nks:
+        sets_needed = max(1, -(-3 * l2_bytes() // (n * k)))
+        w8 = [torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8) for _ in range(sets_needed)]
+        w16 = [(torch.randn(n, k, device="cuda") / 8).bfloat16() for _ in range(sets_needed)]
+        wf = [w.to(e4) for w in w16]
+        sb = torch.rand(n, device="cuda") + 0.5
+        for m in ms:
+            x16 = torch.randn(m, k, device="cuda").bfloat16()
+            x8 = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
+            xf = x16.to(e4)
+            sa = torch.rand(m, device="cuda") + 0.5
+            bf16 = us(lambda w: F.linear(x16, w), w16, 20)
+            cases = [("w16a16", x16, w16, None, None, torch.bfloat16, {}),
+                     ("w8a16", x16, w8, None, sb, torch.bfloat16, {}),
+                     ("w8a8", x8, w8, sa, sb, torch.bfloat16,
+                      {"int_mm": lambda w: torch._int_mm(x8, w.t())} if m > 16 else {}),
+                     ("fp8", xf, wf, one.reshape(1), one.reshape(1), torch.bfloat16,
+                      {"scaled_mm": lambda w: torch._scaled_mm(xf, w.t(), one, one, out_dtype=torch.bfloat16)})]
+            for name, x, ws, a_s, b_s, out, extra in cases:
+                row = [f"bf16 {bf16:.2f}"] + [f"{key} {us(fn, ws, 20):.2f}" for key, fn in extra.items()]
+                portable = ops.builtin_plan(m, n, k, name, NUM_SMS)
+                t = us(lambda w: op(x, w, a_s, b_s, None, out, 0, *portable), ws, 20)
+                row.append(f"r{portable[0]}/{portable[1]} {t:.2f}")
+                ref = (x.double() @ ws[0].double().t())
+                if a_s is not None:
+                    ref = ref * (a_s.double().reshape(-1, 1) if a_s.numel() > 1 else a_s.double())
+                if b_s is not None:
+                    ref = ref * b_s.double()
+                for split in SM90_SPLITS:
+                    got = op(x, ws[0], a_s, b_s, None, torch.float32, 0, 6, split).double()
+                    err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                    t = us(lambda w: op(x, w, a_s, b_s, None, out, 0, 6, split), ws, 20)
+                    row.append(f"6/{split} {t:.2f}" + (f" ERR {err:.1e}" if err > 2e-2 else ""))
+                pick = ops.builtin_plan(m, n, k, name, NUM_SMS, sm90=True)
+                print(f"{name} M={m} N={n} K={k} built-in {pick[0]}/{pick[1]} us: " + "  ".join(row), flush=True)
+
+
 def sm90(quick: bool = False):
     """Recipes 4 and 5 (the sm_90a mainloop) at each split of SM90_SPLITS against the anchors and recipe 0;
     `quick`: M = 1024 and 4096, no split."""
@@ -106,5 +151,5 @@ def sm90(quick: bool = False):
 
 
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream, "sm90": sm90, "sm90-quick": lambda: sm90(quick=True)}[
+    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True)}[
         sys.argv[1] if len(sys.argv) > 1 else "grid"]()

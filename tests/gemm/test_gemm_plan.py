@@ -180,21 +180,52 @@ def test_sm90_plan_table(case):
 
 
 def test_sm90_plan_scope():
-    """The Hopper recipes serve layout "nt" at M > SM90_MIN_M for every pair but w8a16; elsewhere (M <= 64, other
-    layouts, w8a16) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K)."""
+    """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 6 (the weight stream)
+    at the M of SM90_STREAM_BANDS; elsewhere (other layouts, w8a16, the M between) the plan is the portable one.
+    Batch-invariant: recipe 4 at every M, split from (N, K)."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
-        for m in (1, 16, 64):
-            assert ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True) == ops.builtin_plan(m, 4096, 4096, pair, 132)
+        stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8, 17, 32)}.get(pair, ())  # test_sm90_stream_plan
+        for m in (1, 8, 9, 16, 17, 32, 33, 64):
+            plan = ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True)
+            if m in stream_m:
+                assert plan[0] == ops.SM90_STREAM_RECIPE
+            else:
+                assert plan == ops.builtin_plan(m, 4096, 4096, pair, 132)
+            assert ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, layout="nn") == \
+                ops.builtin_plan(m, 4096, 4096, pair, 132, layout="nn")
         for layout in ("nn", "tn", "tt"):
             assert ops.builtin_plan(1024, 4096, 4096, pair, 132, sm90=True, layout=layout) == \
                 ops.builtin_plan(1024, 4096, 4096, pair, 132, layout=layout)
     assert ops.builtin_plan(1024, 4096, 4096, "w8a16", 132, sm90=True) == ops.builtin_plan(1024, 4096, 4096, "w8a16", 132)
+    assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}  # not w8a16
     for pair in ("w16a16", "w8a8", "fp8"):
         plans = {ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, batch_invariant=True) for m in (1, 65, 4096)}
         assert plans == {(4, 4)}
     # tt runs swapped as "nn": never a Hopper recipe
     assert ops.plan_problem(ops.LAYOUTS["tt"], ops.Problem(None, 1024, 4096, 4096, 4096), "w16a16", 132, False,
                             sm90=True)[0] not in ops.SM90_RECIPES
+
+
+# (M, N, K, pair) -> recipe 6's split on 132 SMs: the largest of 1, 2, 4 whose CTAs (ceil(N / 64) x blocks of 16
+# rows x split) fit one a SM and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
+SM90_STREAM_TABLE = {
+    (1, 4096, 4096, "w16a16"): 2,     # 64 blocks: 128 CTAs; 4 would be 256
+    (8, 4096, 4096, "w8a8"): 2,
+    (1, 14336, 4096, "w16a16"): 1,    # 224 blocks
+    (1, 2112, 7168, "fp8"): 4,        # 33 blocks: 132 CTAs; 56 K tiles
+    (1, 24576, 1536, "w8a8"): 1,      # 384 blocks
+    (8, 4096, 512, "w16a16"): 1,      # 8 K tiles
+    (32, 2112, 16384, "fp8"): 2,      # 33 x 2 blocks (two of 16 rows): 132 CTAs
+}
+
+
+@pytest.mark.parametrize("case", sorted(SM90_STREAM_TABLE), ids=lambda c: "-".join(map(str, c)))
+def test_sm90_stream_plan(case):
+    m, n, k, pair = case
+    assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == (ops.SM90_STREAM_RECIPE, SM90_STREAM_TABLE[case])
+    # never with batch_invariant (recipe 6 runs M <= 16 only), never off an H100 / H200
+    assert ops.builtin_plan(m, n, k, pair, 132, sm90=True, batch_invariant=True)[0] != ops.SM90_STREAM_RECIPE
+    assert ops.builtin_plan(m, n, k, pair, 132)[0] != ops.SM90_STREAM_RECIPE
 
 
 def test_sm90_available_off_a_gpu():
@@ -305,7 +336,7 @@ def test_data():
                                "tt": ("[K, M]", "[N, K]")}
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
         "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64),
-        "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256)}
+        "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256), "sm90_stream": (16, 64)}
     assert ops.SM90_RECIPES == (4, 5)
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"

@@ -49,7 +49,8 @@ def _sass(arch: str) -> dict[str, list[str]]:
     functions = sass_digest.parse_sass(proc.stdout).get(arch)
     if not functions:
         pytest.skip(f"{path.name} has no {arch} SASS")
-    return {name: lines for name, lines in functions.items() if FP8_KERNEL.search(name)}
+    # The sm_90a-only kernels (recipe 6's weight stream names the same mma cells) are empty stubs on other arches.
+    return {name: lines for name, lines in functions.items() if FP8_KERNEL.search(name) and "_sm90_" not in name}
 
 
 def _qmma_forms(lines: list[str]) -> set[bool]:

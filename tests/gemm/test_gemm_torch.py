@@ -220,6 +220,8 @@ def test_validation_out_and_layout():
         quant_gemm(a, b, plan=(7, 1), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got 0"):
         quant_gemm(a, b, plan=(0, 0), path="torch", **kw)
+    with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be <= 8 for recipe 6 .*got 9"):
+        quant_gemm(a, b, plan=(6, 9), path="torch", **kw)
 
 
 # Per layout: K from the right dim of each operand, and the rank message naming the layout's dims.

@@ -91,6 +91,9 @@ def _check_plan(fn: str, plan) -> None:
         raise ValueError(f"{fn}: plan's recipe must be one of {tuple(ops.RECIPES)}, got {recipe!r}")
     if not (isinstance(split_k, int) and split_k >= 1):
         raise ValueError(f"{fn}: plan's split_k must be an int >= 1, got {split_k!r}")
+    if recipe == ops.SM90_STREAM_RECIPE and split_k > ops.SM90_STREAM_MAX_SPLIT:
+        raise ValueError(f"{fn}: plan's split_k must be <= {ops.SM90_STREAM_MAX_SPLIT} for recipe {recipe} (its K "
+                         f"slices are one cluster of CTAs), got {split_k}")
 
 
 def _check_scale(fn: str, name: str, scale: torch.Tensor, size: int, device: torch.device) -> None:

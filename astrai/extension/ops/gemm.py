@@ -77,8 +77,14 @@ RECIPES = {
     # every pair but w8a16, on a compute capability 9.0 GPU with sm_90a code in the image (`sm90_available`).
     4: Recipe("sm90_m128n128", 128, 128),
     5: Recipe("sm90_m128n256", 128, 256),  # not for fp8 (its promoted accumulators do not fit)
+    # The Hopper weight stream (csrc/kernels/gemm/sm90_stream.cuh): blocks of 16 token rows x 64 weight rows, TMA
+    # into a shared-memory ring, mma.sync; layout "nt", every pair, same devices as 4 and 5; split_k <= 8 (its K
+    # slices are one cluster of CTAs, summed in rank order inside it: no workspace).
+    6: Recipe("sm90_stream", 16, 64),
 }
-SM90_RECIPES = (4, 5)
+SM90_RECIPES = (4, 5)  # the wgmma mainloop
+SM90_STREAM_RECIPE = 6
+SM90_STREAM_MAX_SPLIT = 8  # its K slices are the CTAs of one cluster (the portable cluster size)
 
 # The built-in plan's constants (see builtin_plan).
 SMALL_M = 16             # M <= SMALL_M: recipe 2
@@ -120,6 +126,17 @@ STREAM_MIN_K_PER_SPLIT = 256
 # from (N, K) alone).
 SM90_MIN_M = MEDIUM_M
 SM90_SPLITS = (1, 2, 4, 8)
+# The Hopper weight stream (recipe 6, `sm90_available`): in layout "nt" a pair runs it at the M of its
+# SM90_STREAM_BANDS (inclusive), where the H200 probe timed it ahead of the portable plan: 1.06-1.07x geomean for
+# w16a16, w8a8 and fp8 at M = 1 and 8, 1.41x for fp8 at M = 32 (M = 17-31 not timed); behind it for w8a16 at every M
+# and for the others at M = 16 (docs/benchmarks.md "GEMM, the Hopper weight stream"; rule chosen and scored on the
+# same sweep). Its split is the largest of SM90_STREAM_SPLITS whose
+# CTAs (64 weight rows a K slice, blocks of 16 token rows) fit one a SM and that keeps >= SM90_STREAM_MIN_K_TILES K
+# tiles (128 bytes of a weight row) a slice.
+SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
+SM90_STREAM_SPLITS = (1, 2, 4)
+SM90_STREAM_ROWS = 64
+SM90_STREAM_MIN_K_TILES = 8
 SM90_MODEL = {"w16a16": (0.359, 4.22, 0.670, 7.73, 2.24), "fp8": (0.424, 4.05, None, None, 2.00),
               "w8a8": (0.352, 3.39, 0.629, 5.97, 2.29)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4 and 5 (the portable
@@ -211,6 +228,17 @@ def _stream_split(m: int, n: int, k: int, num_sms: int) -> int:
     return best
 
 
+def _sm90_stream_split(m: int, n: int, k: int, pair: str, num_sms: int) -> int:
+    """Recipe 6's split (the SM90_STREAM_* rule above)."""
+    blocks = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(max(m, 1) / 16)
+    k_tiles = math.ceil(k / (64 if pair == "w16a16" else K_TILE_8BIT))
+    best = 1
+    for split in SM90_STREAM_SPLITS:
+        if blocks * split <= num_sms and k_tiles >= split * SM90_STREAM_MIN_K_TILES:
+            best = split
+    return best
+
+
 def _tiles(m: int, n: int, recipe: int) -> int:
     tile = RECIPES[recipe]
     return math.ceil(m / tile.tile_m) * math.ceil(n / tile.tile_n)
@@ -244,9 +272,11 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
     on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
-    `sm90=True` (the device runs recipes 4 and 5: `sm90_available`): in layout "nt", every pair but w8a16 at
-    `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the `SM90_*` model);
-    with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above.
+    `sm90=True` (the device runs recipes 4, 5 and 6: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
+    and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
+    `SM90_STREAM_*` rule); every
+    pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the
+    `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above.
 
     Example
     -------
@@ -261,6 +291,9 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
         raise ValueError(f"builtin_plan: num_sms must be >= 1, got {num_sms}")
     if layout not in LAYOUTS:
         raise ValueError(f"builtin_plan: layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
+    if sm90 and layout == "nt" and not batch_invariant and any(lo <= max(m, 1) <= hi
+                                                               for lo, hi in SM90_STREAM_BANDS.get(pair, ())):
+        return SM90_STREAM_RECIPE, _sm90_stream_split(m, n, k, pair, num_sms)
     if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
     if sm90 and layout == "nt" and pair != "w8a16":
@@ -343,7 +376,7 @@ def _sm90_available(index: int) -> bool:
 
 
 def sm90_available(device: torch.device) -> bool:
-    """Whether the built-in plan may pick recipes 4 and 5 on this CUDA device: compute capability 9.0, sm_90a code in
+    """Whether the built-in plan may pick recipes 4, 5 and 6 on this CUDA device: compute capability 9.0, sm_90a code in
     the loaded image (not a PTX-only image such as ASTRAI_IMAGE=ptx80), and ASTRAI_GEMM_PORTABLE unset or 0. Read
     once per device index and process."""
     return _sm90_available(device.index if device.index is not None else torch.cuda.current_device())

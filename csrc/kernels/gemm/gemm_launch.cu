@@ -12,11 +12,23 @@ namespace astrai {
 
 namespace {
 // In recipe-id order, as gemm::launch_pair (sm80_gemm_launch.cuh) maps the ids to types.
-// Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe).
+// Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe); recipe 6 the
+// Hopper weight stream's blocks of 16 token rows x 64 weight rows (sm90_stream.cuh's Sm90StreamShape).
 constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
-                                      gemm::RecipeM128N64::kBM, 128, 128};
+                                      gemm::RecipeM128N64::kBM, 128, 128, 16};
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
-                                      gemm::RecipeM128N64::kBN, 128, 256};
+                                      gemm::RecipeM128N64::kBN, 128, 256, 64};
+
+// Why the current device or image cannot run the sm_90a kernels (null when it can): `not_cc90` off a compute
+// capability 9.0 GPU, `no_code` where the image holds no sm_90a code for it (a PTX-only image).
+const char* sm90_unsupported(const char* not_cc90, const char* no_code) {
+  DeviceFacts facts{};
+  if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
+  if (facts.cc_major != 9 || facts.cc_minor != 0) return not_cc90;
+  bool sm90 = false;
+  if (gemm::sm90_code_available(&sm90) != cudaSuccess || !sm90) return no_code;
+  return nullptr;
+}
 
 bool is_fp8(GemmPair pair) {
   return pair == GemmPair::kE4m3E4m3 || pair == GemmPair::kE5m2E4m3 || pair == GemmPair::kE4m3E5m2;
@@ -36,8 +48,13 @@ int gemm_k_tile(GemmPair pair) {
 }
 
 const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
-  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4 or 5";
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5 or 6";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
+  if (recipe == kGemmSm90StreamRecipe) {
+    if (layout != GemmLayout::kNT) return "recipe 6 (the sm_90a weight stream) runs layout nt only";
+    return sm90_unsupported("recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)",
+                            "this image has no sm_90a code for this GPU (recipe 6 needs it): use recipe 2");
+  }
   if (recipe >= kGemmFirstSm90Recipe) {
     if (layout != GemmLayout::kNT) return "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only";
     if (pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8)
@@ -45,14 +62,8 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
     if (is_fp8(pair) && recipe == 5)
       return "recipe 5 (the sm_90a 128 x 256 tile) has no fp8 kernel (its promoted fp32 accumulators do not fit): use "
              "recipe 4";
-    DeviceFacts facts{};
-    if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
-    if (facts.cc_major != 9 || facts.cc_minor != 0)
-      return "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)";
-    bool sm90 = false;
-    if (gemm::sm90_code_available(&sm90) != cudaSuccess || !sm90)
-      return "this image has no sm_90a code for this GPU (recipes 4 and 5 need it): use recipes 0-3";
-    return nullptr;
+    return sm90_unsupported("recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)",
+                            "this image has no sm_90a code for this GPU (recipes 4 and 5 need it): use recipes 0-3");
   }
   if (!is_fp8(pair)) return nullptr;
   DeviceFacts facts{};
@@ -66,6 +77,7 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
 }
 
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe) {
+  if (recipe == kGemmSm90StreamRecipe) return 0;  // its slices are summed inside their cluster
   int64_t parts = p.split_k;
   if ((pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8) && p.layout == GemmLayout::kNT && recipe == 2)
     parts = ceil_div<int64_t>(p.split_k, kGemmStreamMaxWarpsK);  // the stream kernel's CTAs along K
@@ -135,7 +147,14 @@ cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t st
     return launch_other_layout(q, swapped, recipe, stream);
   }
   if (p.layout != GemmLayout::kNT) return launch_other_layout(p, pair, recipe, stream);
-  if (recipe >= kGemmFirstSm90Recipe) {  // layout nt, a pair it runs (gemm_unsupported)
+  if (recipe == kGemmSm90StreamRecipe) {
+    const cudaError_t st = gemm::sm90_launch_stream(p, pair, stream);
+    if (st != cudaErrorNotSupported) return st;
+    // An operand the TMA cannot describe (K = 0): recipe 2 without a split (it needs no workspace then).
+    p.split_k = 1;
+    p.k_tiles_per_split = k_tiles;
+    recipe = 2;
+  } else if (recipe >= kGemmFirstSm90Recipe) {  // layout nt, a pair it runs (gemm_unsupported)
     cudaError_t st = cudaErrorInvalidValue;
     switch (pair) {
       case GemmPair::kBf16Bf16:

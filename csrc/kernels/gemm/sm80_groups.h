@@ -29,6 +29,9 @@ cudaError_t sm80_launch_fp8_tn(const GemmParams& p, GemmPair pair, int recipe, c
 cudaError_t sm90_launch_16bit(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm90_launch_fp8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm90_launch_s8(const GemmParams& p, int recipe, cudaStream_t stream);
+// The Hopper weight stream (gemm_sm90_stream.cu): recipe 6 in layout nt, every pair, split_k <= 8 (one cluster);
+// cudaErrorNotSupported where the TMA cannot describe an operand.
+cudaError_t sm90_launch_stream(const GemmParams& p, GemmPair pair, cudaStream_t stream);
 // Whether this image holds sm_90a code for the current device (false on other GPUs and for PTX-only images).
 cudaError_t sm90_code_available(bool* available);
 // The PTX arch (ptxVersion) of the fp8 code this image runs on the current device: < 89 has no fp8 mma.

@@ -64,8 +64,10 @@ def skip_if_blocked(ta):
 
 
 def skip_if_no_recipe(recipe, ta, tb):
-    """Recipes 4 and 5 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the image
-    (test_sm90_recipes_refused covers the messages)."""
+    """Recipes 4 and 5 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the image,
+    recipe 6 (the sm_90a weight stream) every pair there (test_sm90_recipes_refused covers the messages)."""
+    if recipe == ops.SM90_STREAM_RECIPE and not ops.sm90_available(torch.device(DEVICE)):
+        pytest.skip("recipe 6 needs an sm_90 GPU and sm_90a code in the image")
     if recipe in ops.SM90_RECIPES:
         if not ops.sm90_available(torch.device(DEVICE)):
             pytest.skip("recipes 4 and 5 need an sm_90 GPU and sm_90a code in the image")
@@ -335,6 +337,83 @@ def test_sm90_recipes_refused():
         ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(4, 1))
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 5 .*no fp8 kernel"):
         ops.quant_gemm(a16.to(E4), b16.to(E4), plan=(5, 1))
+
+
+# --- recipe 6: the sm_90a weight stream ---------------------------------------------------------------------------
+
+# (M, N, K, split): both token-tile kernels (M <= 8, blocks of 16) and several blocks of 16; N off the 64 weight
+# rows of a CTA; K off the 128-byte K tile (TMA zeros past K; rows stay 16-byte aligned); splits 1..8 (one cluster), including more
+# slices than K tiles (empty slices add zeros).
+STREAM90_CASES = [(1, 64, 16, 1), (1, 117, 400, 5), (8, 200, 4112, 8), (9, 77, 3888, 3), (16, 333, 1008, 2),
+                  (17, 130, 2064, 4), (40, 65, 528, 7), (3, 4099, 256, 8)]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("case", STREAM90_CASES, ids=lambda c: "M{}-N{}-K{}-s{}".format(*c))
+def test_sm90_stream_matches_float64(pair, case):
+    """Recipe 6 against float64: exact on small integers (every pair: products and sums exact in its accumulator)
+    with every poisoned element written; within a few fp32 ulp on random values with per-row / per-channel scales
+    and bias; a batch with a broadcast weight; repeated calls bitwise equal."""
+    skip_without_sm90()
+    ta, tb = pair
+    skip_if_blocked(ta)
+    m, n, k, split = case
+    a, b = operand(ta, (m, k), small=True), operand(tb, (n, k), small=True)
+    ones_a = torch.ones(m, device=DEVICE) if ta == torch.int8 else None
+    ones_b = torch.ones(n, device=DEVICE) if tb == torch.int8 else None
+    out = torch.full((m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, a_scale=ones_a, b_scale=ones_b, out_dtype=torch.float32, plan=(6, split), out=out)
+    assert torch.equal(out.double(), reference(a, b))
+    a, b = operand(ta, (2, m, k)), operand(tb, (n, k))
+    sa, sb = scales_for(ta, tb, m, n)
+    bias = torch.randn(n, device=DEVICE)
+    y = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=torch.float32, plan=(6, split))
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
+    assert torch.isfinite(y).all() and rel_error(y, want) < 1e-5, rel_error(y, want)
+    assert_bitwise_equal(ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=torch.float32,
+                                        plan=(6, split)), y, "repeat")
+
+
+@pytest.mark.parametrize("pair", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.int8), (E4, E4)],
+                         ids=["bf16", "bf16-s8", "e4m3"])
+def test_sm90_stream_batch_invariant_and_graph(pair):
+    """A row of recipe 6's output does not depend on M (the same split: 1 row, 8, 16 and 48 rows give the row's
+    bits); a CUDA-graph replay gives the eager bits; the poison control detects a one-element change."""
+    skip_without_sm90()
+    ta, tb = pair
+    skip_if_blocked(ta)
+    n, k = 520, 3008
+    a, b = operand(ta, (48, k)), operand(tb, (n, k))
+    sb = torch.rand(n, device=DEVICE) + 0.5 if tb != torch.bfloat16 else None
+    full = ops.quant_gemm(a, b, b_scale=sb, plan=(6, 4))
+    assert_detects_perturbation(full)
+    for m in (1, 8, 16):
+        assert_bitwise_equal(ops.quant_gemm(a[:m], b, b_scale=sb, plan=(6, 4)), full[:m], f"M={m}")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        ops.quant_gemm(a[:8], b, b_scale=sb, plan=(6, 4))
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = ops.quant_gemm(a[:8], b, b_scale=sb, plan=(6, 4))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, full[:8], "graph replay")
+
+
+def test_sm90_stream_builtin_plan_and_refusals():
+    """At M <= 16 in layout nt the built-in plan is recipe 6 on an H100 / H200 with sm_90a code; split_k past 8
+    and layouts other than nt are refused before launch, naming the op and the reason."""
+    a16, b16 = operand(torch.bfloat16, (4, 256)), operand(torch.bfloat16, (96, 256))
+    if not ops.sm90_available(torch.device(DEVICE)):
+        with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 6"):
+            ops.quant_gemm(a16, b16, plan=(6, 1))
+        return
+    assert ops.plan_for(a16, b16, 0, False)[0] == ops.SM90_STREAM_RECIPE
+    with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be in \[1, 8\] for recipe 6"):
+        ops.quant_gemm(a16, b16, plan=(6, 9))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 6 .*layout nt only"):
+        ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(6, 1))
 
 
 # --- layouts nn, tn, tt --------------------------------------------------------------------------------------
