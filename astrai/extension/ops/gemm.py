@@ -228,10 +228,15 @@ def _stream_split(m: int, n: int, k: int, num_sms: int) -> int:
     return best
 
 
+def _k_tiles(k: int, pair: str) -> int:
+    """K tiles of 128 bytes of a weight row: 64 16-bit or 128 8-bit values."""
+    return math.ceil(k / (64 if pair == "w16a16" else K_TILE_8BIT))
+
+
 def _sm90_stream_split(m: int, n: int, k: int, pair: str, num_sms: int) -> int:
     """Recipe 6's split (the SM90_STREAM_* rule above)."""
     blocks = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(max(m, 1) / 16)
-    k_tiles = math.ceil(k / (64 if pair == "w16a16" else K_TILE_8BIT))
+    k_tiles = _k_tiles(k, pair)
     best = 1
     for split in SM90_STREAM_SPLITS:
         if blocks * split <= num_sms and k_tiles >= split * SM90_STREAM_MIN_K_TILES:
@@ -341,7 +346,7 @@ def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, in
     """The Hopper mainloop's (recipe, split) of least estimated time (the SM90_MODEL above); ties keep recipe 4
     and the smaller split."""
     stage_4, unit_4, stage_5, unit_5, split_cost = SM90_MODEL[pair]
-    k_tiles = math.ceil(k / (64 if pair == "w16a16" else K_TILE_8BIT))
+    k_tiles = _k_tiles(k, pair)
     best, best_cost = (4, 1), math.inf
     for recipe, stage, unit in ((4, stage_4, unit_4), (5, stage_5, unit_5)):
         if stage is None:

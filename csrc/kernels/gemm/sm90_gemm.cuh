@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 2);  // one arrival a consumer warpgroup (its wgmma wait is warpgroup-wide)
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_fence();
   }
   __syncthreads();
 

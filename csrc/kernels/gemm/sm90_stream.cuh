@@ -9,8 +9,9 @@
 // - A CTA owns kRows (64) weight rows and one K slice. Its producer warp (one thread) loads, a stage at a time, two
 //   K tiles: for each, the 128 bytes of K of its 64 rows (one 128-byte-swizzled box) and the same K range of the
 //   CTA's token rows (8 or 16 rows, one or two boxes; zeros past M, N and K from the maps, so no edge code),
-//   completing on the stage's `full` mbarrier (a slice's last stage may hold one tile). Four consumer warps, 16 weight rows each, read their 16-byte pieces out of the stage, hand it back
-//   (one `empty` arrival a warp) and run the mma.sync cells on registers.
+//   completing on the stage's `full` mbarrier (a slice's last stage may hold one tile). Four consumer warps, 16
+//   weight rows each, read their 16-byte pieces out of the stage, hand it back (one `empty` arrival a warp) and run
+//   the mma.sync cells on registers.
 // - split_k > 1: the K slices are the CTAs of one cluster (split_k <= 8, the portable cluster size); rank 0 adds the
 //   peers' partial sums, read out of their shared memory (DSMEM), in rank order, then stores. Deterministic, one
 //   launch, no workspace.
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], S::kWarps);  // one arrival a consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbarrier_init_fence();
   }
   __syncthreads();
 

@@ -15,6 +15,14 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
 #endif
 }
 
+// Makes the mbarrier_init of this thread visible to the async proxy (TMA's completions) and to the cluster; call
+// once after the inits, before the block barrier that publishes them.
+__device__ __forceinline__ void mbarrier_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
 // One arrival (release: this thread's earlier shared-memory writes are visible to a thread that waits the phase).
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
