@@ -8,7 +8,8 @@
 //   tile's first stages load while the consumers run the epilogue.
 // - Warpgroups 1 and 2 are the consumers: each owns 64 rows of the 128-row tile, waits a stage full, runs four wgmma
 //   m64n<kBN> over it (32 bytes of K each) and hands the stage back on its `empty` mbarrier (one arrival a
-//   warpgroup) once the wgmma that read it have completed, one stage kept in flight (fp8: none, see kPromote).
+//   warpgroup) once the wgmma that read it have completed, one stage kept in flight (fp8: stages in pairs, see
+//   kPromote).
 // - Epilogue from the accumulators: store_out's arithmetic (scales, bias, out dtype) with the output type chosen once
 //   a tile, or fp32 / s32 partials to the workspace for split_k > 1 (gemm_reduce_kernel sums them in split order).
 //
@@ -194,6 +195,31 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
   }
 }
 
+// Issues one stage's wgmma (four of 32 bytes of K) of this consumer's 64 rows into d; scale-d 0 on the first where
+// !accumulate. The caller commits the group.
+template <class P, class R>
+__device__ __forceinline__ void sm90_stage_mma(typename P::Acc (&d)[R::kBN / 2], uint32_t stage, int cw,
+                                               bool accumulate) {
+  constexpr uint32_t kSbo = 1024;  // K-major, 128-byte swizzle: 8-row atoms 1024 bytes apart
+  const uint64_t desc_a = wgmma_desc_sw128(stage + cw * 64 * 128, 16, kSbo);
+  const uint64_t desc_b = wgmma_desc_sw128(stage + R::kTileBytesA, 16, kSbo);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < R::kBKBytes / 32; ++ks)
+    P::template mma<R::kBN>(d, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32),
+                            accumulate || ks > 0);
+}
+
+// Adds a finished stage's promoted sum (fp8) into the fp32 accumulators.
+template <class Acc, int kN>
+__device__ __forceinline__ void sm90_promote(Acc (&acc)[kN], Acc (&part)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    wgmma_fence_operand(part[i]);
+    acc[i] += part[i];
+  }
+}
+
 // Maps are 3-D (k, rows, batch); a broadcast operand's map has one batch and is always read at batch 0.
 template <GemmPair kPair, class R>
 __global__ void __launch_bounds__(R::kThreads, 1)
@@ -204,7 +230,9 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   using Acc = typename P::Acc;
   extern __shared__ uint8_t smem_raw[];
   // Stages 1024-byte aligned (the swizzle atoms), then the barriers.
-  uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // An offset from smem_raw, not an integer round trip: the compiler keeps the shared address space, so the
+  // epilogue's buffer accesses are STS / LDS (not generic) and do not alias the scale and bias loads.
+  uint8_t* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* const epilogue_buf = smem + R::kStages * R::kStageBytes;  // 16 KB a consumer warpgroup
   uint64_t* const full = reinterpret_cast<uint64_t*>(epilogue_buf + R::kEpilogueBytes);
   uint64_t* const empty = full + R::kStages;
@@ -250,54 +278,57 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   Acc acc[R::kBN / 2];
 #pragma unroll
   for (int i = 0; i < R::kBN / 2; ++i) acc[i] = Acc(0);
-  // K-major, 128-byte swizzle: 8-row atoms 1024 bytes apart (SBO); each wgmma is 32 bytes further into the row.
-  constexpr uint32_t kSbo = 1024;
-  // A stage goes back to the producer once this warpgroup's wgmma that read it completed: one arrival (thread 0 of
-  // the warpgroup; wgmma.wait_group completes the warpgroup's whole group).
+  // A stage goes back to the producer once this warpgroup's wgmma that read it completed: one arrival (thread 0
+  // of the warpgroup; wgmma.wait_group completes the warpgroup's whole group).
   const bool signals = threadIdx.x % 128 == 0;
+  auto release = [&](int it_done) {
+    if (signals) mbarrier_arrive(&empty[it_done % R::kStages]);
+  };
+  auto stage_at = [&](int it_at) {  // waits ring position it_at full; its shared address
+    mbarrier_wait_sleep(&full[it_at % R::kStages], uint32_t(it_at / R::kStages) & 1u);
+    return smem_addr(smem + (it_at % R::kStages) * R::kStageBytes);
+  };
   int it = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Sm90Unit w = sm90_unit<R>(u, tiles_m, tiles_n, p.batch);
     const int kt0 = w.split * p.k_tiles_per_split, kt1 = min(kt0 + p.k_tiles_per_split, k_tiles);
     if constexpr (P::kPromote) {
+      // Two sets of stage sums: the second stage's wgmma run while the first stage's sum is added to acc, so the
+      // tensor cores drain once every two stages instead of every stage.
 #pragma unroll
       for (int i = 0; i < R::kBN / 2; ++i) acc[i] = Acc(0);
-    }
-    for (int kt = kt0; kt < kt1; ++kt, ++it) {
-      const int s = it % R::kStages;
-      mbarrier_wait_sleep(&full[s], uint32_t(it / R::kStages) & 1u);
-      const uint32_t stage = smem_addr(smem + s * R::kStageBytes);
-      const uint64_t desc_a = wgmma_desc_sw128(stage + cw * 64 * 128, 16, kSbo);
-      const uint64_t desc_b = wgmma_desc_sw128(stage + R::kTileBytesA, 16, kSbo);
-      if constexpr (P::kPromote) {
-        Acc part[R::kBN / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < R::kBKBytes / 32; ++ks)
-          P::template mma<R::kBN>(part, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32),
-                                  ks > 0);
+      Acc part0[R::kBN / 2], part1[R::kBN / 2];
+      const int n = kt1 - kt0;
+      for (int i = 0; i < n; i += 2) {  // no group in flight across iterations (ptxas would serialize the wgmma)
+        sm90_stage_mma<P, R>(part0, stage_at(it + i), cw, false);
         wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < R::kBN / 2; ++i) {
-          wgmma_fence_operand(part[i]);
-          acc[i] += part[i];
+        if (i + 1 < n) {
+          sm90_stage_mma<P, R>(part1, stage_at(it + i + 1), cw, false);
+          wgmma_commit();
+          wgmma_wait<1>();
+          sm90_promote(acc, part0);
+          release(it + i);
+          wgmma_wait<0>();
+          sm90_promote(acc, part1);
+          release(it + i + 1);
+        } else {
+          wgmma_wait<0>();
+          sm90_promote(acc, part0);
+          release(it + i);
         }
-        if (signals) mbarrier_arrive(&empty[s]);
-      } else {
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < R::kBKBytes / 32; ++ks)
-          P::template mma<R::kBN>(acc, wgmma_desc_sw128_add(desc_a, ks * 32), wgmma_desc_sw128_add(desc_b, ks * 32),
-                                  kt > kt0 || ks > 0);
+      }
+      it += n > 0 ? n : 0;
+    } else {
+      for (int kt = kt0; kt < kt1; ++kt, ++it) {
+        sm90_stage_mma<P, R>(acc, stage_at(it), cw, kt > kt0);
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's wgmma are done: hand that stage back
-        if (kt > kt0 && signals) mbarrier_arrive(&empty[(it - 1) % R::kStages]);
+        if (kt > kt0) release(it - 1);
       }
-    }
-    wgmma_wait<0>();
+      wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < R::kBN / 2; ++i) wgmma_fence_operand(acc[i]);
+      for (int i = 0; i < R::kBN / 2; ++i) wgmma_fence_operand(acc[i]);
+    }
     const bool partial = p.split_k > 1;
     if (kt1 <= kt0) {  // an empty K slice (split_k past the K tiles, or K = 0): zeros (its own path: no spills)
       for (int h = 0; h < 2; ++h) {
@@ -318,7 +349,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
       }
       continue;
     }
-    if (!P::kPromote && signals) mbarrier_arrive(&empty[(it - 1) % R::kStages]);
+    if (!P::kPromote) release(it - 1);
 
     uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
     if (partial) {

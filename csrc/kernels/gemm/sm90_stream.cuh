@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
   using S = Sm90StreamShape<Pair, kTokenTiles>;
   using Acc = typename Pair::Acc;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // An offset from smem_raw (not an integer round trip) keeps the shared address space: LDS, not generic loads.
+  uint8_t* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* const partials = smem + S::kStages * S::kStageBytes;
   uint64_t* const full = reinterpret_cast<uint64_t*>(partials + S::kPartialBytes);
   uint64_t* const empty = full + S::kStages;
