@@ -114,7 +114,11 @@ __device__ __forceinline__ Sm90Unit sm90_unit(int u, int tiles_m, int tiles_n, i
 // Otherwise acc * the a_scale of the row * the b_scale of the column + bias in fp32, then Out (store_out's
 // arithmetic, with the output type decided once a tile). acc[4 j + e] is row 16 warp + g + 8 (e / 2) of the 64,
 // column 8 j + 2 t + e % 2 of the tile.
-template <class Out, bool kPartial, class R, class Acc>
+// kUniform: no per-row or per-column scale and no bias, so the scales are two numbers read once a tile (the same
+// arithmetic: acc * a_scale * b_scale + 0). A tile wholly inside the output whose rows are 16-byte aligned is
+// copied out with no per-unit checks. Both keep branches out of the per-element code (ncu: the epilogue's
+// divergence barriers were its largest stall).
+template <class Out, bool kPartial, class R, bool kUniform, class Acc>
 __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90Unit& w, int cw,
                                                 const Acc (&acc)[R::kBN / 2], uint8_t* buf) {
   constexpr bool kRaw = kPartial || std::is_same<Out, int32_t>::value;
@@ -131,14 +135,19 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
     batch_base = w.bz * p.out_batch_stride;
   }
   const int64_t row_stride = kPartial ? int64_t(p.n) : p.out_row_stride;
-  float sa[2] = {1.f, 1.f};
-  if constexpr (!kRaw) {
+  float sa[2] = {1.f, 1.f}, sb_all = 1.f;
+  if constexpr (!kRaw && kUniform) {
+    sa[0] = sa[1] = p.a_scale ? p.a_scale[0] : 1.f;
+    sb_all = p.b_scale ? p.b_scale[0] : 1.f;
+  } else if constexpr (!kRaw) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 16 * warp + g + 8 * h;
       sa[h] = p.a_scale && row < p.m ? p.a_scale[p.a_scale_per_row ? row : 0] : 1.f;
     }
   }
+  const bool whole = row0 + 64 <= p.m && col0 + R::kBN <= p.n && (row_stride * kE) % 16 == 0 &&
+                     (reinterpret_cast<uintptr_t>(out + batch_base) & 15) == 0;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     named_barrier_sync(1 + cw, 128);  // the previous chunk (or tile) has been copied out of buf
@@ -146,8 +155,8 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
     for (int jj = 0; jj < kChunkCols / 8; ++jj) {
       const int j = c * (kChunkCols / 8) + jj;
       const int col = col0 + 8 * j + 2 * t;
-      float sb0 = 1.f, sb1 = 1.f, b0 = 0.f, b1 = 0.f;
-      if constexpr (!kRaw) {
+      float sb0 = sb_all, sb1 = sb_all, b0 = 0.f, b1 = 0.f;
+      if constexpr (!kRaw && !kUniform) {
         if (p.b_scale && col < p.n) {
           sb0 = p.b_scale[p.b_scale_per_col ? col : 0];
           sb1 = col + 1 < p.n ? p.b_scale[p.b_scale_per_col ? col + 1 : 0] : 1.f;
@@ -182,10 +191,10 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
     for (int i = 0; i < 64 * 16 / 128; ++i) {
       const int q = tid + 128 * i, r = q / 16, u = q % 16;
       const int row = row0 + r, col = col0 + c * kChunkCols + u * kPerUnit;
-      if (row >= p.m || col >= p.n) continue;
+      if (!whole && (row >= p.m || col >= p.n)) continue;
       const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 256 + ((u ^ (r & 7)) * 16));
       Out* dst = out + batch_base + int64_t(row) * row_stride + col;
-      if (col + kPerUnit <= p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+      if (whole || col + kPerUnit <= p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
         *reinterpret_cast<uint4*>(dst) = v;
       } else {
         const Out* src = reinterpret_cast<const Out*>(&v);
@@ -352,14 +361,25 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     if (!P::kPromote) release(it - 1);
 
     uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
+    const bool uniform = (!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
+                         p.bias_dtype == GemmBias::kNone;
     if (partial) {
-      sm90_store_tile<Acc, true, R>(p, w, cw, acc, buf);
+      sm90_store_tile<Acc, true, R, true>(p, w, cw, acc, buf);
     } else {
       switch (p.out_dtype) {  // one branch a tile, not one an element
-        case GemmOut::kBf16: sm90_store_tile<__nv_bfloat16, false, R>(p, w, cw, acc, buf); break;
-        case GemmOut::kF16: sm90_store_tile<__half, false, R>(p, w, cw, acc, buf); break;
-        case GemmOut::kF32: sm90_store_tile<float, false, R>(p, w, cw, acc, buf); break;
-        default: sm90_store_tile<int32_t, false, R>(p, w, cw, acc, buf); break;
+        case GemmOut::kBf16:
+          uniform ? sm90_store_tile<__nv_bfloat16, false, R, true>(p, w, cw, acc, buf)
+                  : sm90_store_tile<__nv_bfloat16, false, R, false>(p, w, cw, acc, buf);
+          break;
+        case GemmOut::kF16:
+          uniform ? sm90_store_tile<__half, false, R, true>(p, w, cw, acc, buf)
+                  : sm90_store_tile<__half, false, R, false>(p, w, cw, acc, buf);
+          break;
+        case GemmOut::kF32:
+          uniform ? sm90_store_tile<float, false, R, true>(p, w, cw, acc, buf)
+                  : sm90_store_tile<float, false, R, false>(p, w, cw, acc, buf);
+          break;
+        default: sm90_store_tile<int32_t, false, R, true>(p, w, cw, acc, buf); break;
       }
     }
   }
