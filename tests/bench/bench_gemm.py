@@ -260,7 +260,8 @@ def measure(pair: str, m: int, n: int, k: int, *, replays: int = 20) -> dict:
     kernel_us = statistics.median(times)
     return {
         "pair": pair, "m": m, "n": n, "k": k, "anchor": anchor_name(pair, m), "out_dtype": str(out_dtype(pair, m)),
-        "plan": list(ops.builtin_plan(m, n, k, OP_PAIR[pair], ops.num_sms(torch.device("cuda")))),
+        "plan": list(ops.builtin_plan(m, n, k, OP_PAIR[pair], ops.num_sms(torch.device("cuda")),
+                                      sm90=ops.sm90_available(torch.device("cuda")))),  # what the op runs
         "kernel_us": kernel_us, "kernel_us_min": min(times), "kernel_us_max": max(times), "anchor_us": anchor_us,
         "dequant_us": dequant_us, "copy_us": copy_us, "weight_bytes": wbytes, "flops": flops(m, n, k),
         "kernel_tflops": flops(m, n, k) / kernel_us / 1e6, "anchor_tflops": flops(m, n, k) / anchor_us / 1e6,
