@@ -194,7 +194,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
       if (!whole && (row >= p.m || col >= p.n)) continue;
       const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 256 + ((u ^ (r & 7)) * 16));
       Out* dst = out + batch_base + int64_t(row) * row_stride + col;
-      if (whole || col + kPerUnit <= p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+      if (whole || (col + kPerUnit <= p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0)) {
         *reinterpret_cast<uint4*>(dst) = v;
       } else {
         const Out* src = reinterpret_cast<const Out*>(&v);
