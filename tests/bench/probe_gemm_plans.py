@@ -150,6 +150,28 @@ def sm90(quick: bool = False):
                 print(f"{name} M={m} N={n} K={k} anchor {anchor:.1f} us: " + "  ".join(row), flush=True)
 
 
+def w8a16_sm90(ms=(64, 128, 256, 1024, 4096)):
+    """EXPERIMENT: recipe 7 (w8a16 on wgmma) at splits 1, 2, 4 against cuBLAS bf16 on the bf16 weights and the
+    portable built-in plan; a result off the float64 reference by more than 2e-2 (relative) is flagged."""
+    for m in ms:
+        for n, k in NK:
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            w = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+            sb = torch.rand(n, device="cuda") / 64 + 1e-3
+            wb = (w.float() * sb[:, None]).bfloat16()
+            sets = [(x, w, wb)]
+            ref = (x.double() @ (w.double() * sb.double()[:, None]).t())
+            anchor = us(lambda s: F.linear(s[0], s[2]), sets)
+            portable = ops.builtin_plan(m, n, k, "w8a16", NUM_SMS)
+            row = [f"r{portable[0]}/{portable[1]} {anchor / us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, *portable), sets):.3f}"]
+            for split in (1, 2, 4):
+                got = op(x, w, None, sb, None, torch.bfloat16, 0, 7, split).double()
+                err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                t = us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, 7, split), sets)
+                row.append(f"7/{split} {anchor / t:.3f}" + (f" ERR {err:.1e}" if err > 2e-2 else ""))
+            print(f"w8a16 M={m} N={n} K={k} cuBLAS {anchor:.1f} us: " + "  ".join(row), flush=True)
+
+
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True)}[
+    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90}[
         sys.argv[1] if len(sys.argv) > 1 else "grid"]()

@@ -81,6 +81,8 @@ RECIPES = {
     # into a shared-memory ring, mma.sync; layout "nt", every pair, same devices as 4 and 5; split_k <= 8 (its K
     # slices are one cluster of CTAs, summed in rank order inside it: no workspace).
     6: Recipe("sm90_stream", 16, 64),
+    # EXPERIMENT (branch exp-sm90-w8a16): w8a16 on wgmma, swap AB (csrc/kernels/gemm/sm90_w8a16.cuh); layout "nt".
+    7: Recipe("sm90_w8a16", 128, 128),
 }
 SM90_RECIPES = (4, 5)  # the wgmma mainloop
 SM90_STREAM_RECIPE = 6

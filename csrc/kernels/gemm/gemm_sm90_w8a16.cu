@@ -1,0 +1,45 @@
+// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipe 7, bf16 and fp16 activations. EXPERIMENT (branch).
+#include <atomic>
+
+#include <cuda_runtime.h>
+
+#include "kernels/common/host/align.h"
+#include "kernels/common/host/cuda_check.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/sm80_groups.h"
+#include "kernels/gemm/sm90_gemm_launch.cuh"
+#include "kernels/gemm/sm90_w8a16.cuh"
+
+namespace astrai {
+namespace gemm {
+namespace {
+
+template <bool kF16>
+cudaError_t launch_w8a16(const GemmParams& p, cudaStream_t stream) {
+  using S = Sm90W8a16Shape;
+  CUtensorMap map_w, map_x;
+  if (!sm90_k_major_map(&map_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.b, p.n, p.k, p.b_row_stride, p.batch,
+                        p.b_batch_stride, S::kRows) ||
+      !sm90_k_major_map(&map_x, kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.a, p.m,
+                        p.k, p.a_row_stride, p.batch, p.a_batch_stride, S::kTokens))
+    return cudaErrorNotSupported;
+  auto* kernel = &gemm_sm90_w8a16_kernel<kF16>;
+  static std::atomic<uint64_t> smem_set{0};
+  ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
+  const dim3 grid(unsigned(ceil_div(p.n, S::kRows)), unsigned(ceil_div(p.m, S::kTokens)),
+                  unsigned(p.batch * p.split_k));
+  kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(map_w, map_x, p);
+  ASTRAI_CUDA_TRY(cudaGetLastError());
+  if (p.split_k > 1) return launch_split_reduce<float>(p, stream);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t sm90_launch_w8a16(const GemmParams& p, GemmPair pair, cudaStream_t stream) {
+  // gemm_launch's K tile for an int8 b (128 values) is the kernel's: k_tiles_per_split needs no conversion.
+  return pair == GemmPair::kF16S8 ? launch_w8a16<true>(p, stream) : launch_w8a16<false>(p, stream);
+}
+
+}  // namespace gemm
+}  // namespace astrai

@@ -1,0 +1,177 @@
+// EXPERIMENT (branch exp-sm90-w8a16, never run on a GPU yet): recipe 7, W8A16 on Hopper's wgmma for layout nt
+// (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights). wgmma reads its B operand from shared memory only, and
+// int8 is no wgmma type for a 16-bit product, so the roles are swapped: the CTA computes y^T's tile, the weights are
+// wgmma's A operand, expanded to 16 bits in registers (rs form), and the activations its B operand, straight from
+// the TMA's shared memory.
+//
+// - Warpgroup 0: one producer thread; a stage is 128 weight rows x 128 K (16 KB of int8, one 128-byte box row) and
+//   128 token rows x 128 K (two boxes of 64 values, 32 KB), 128-byte swizzle, zeros past M, N and K.
+// - Warpgroups 1 and 2: each owns 64 weight rows. For each 16 of K a thread needs bytes {2t, 2t+1, 2t+8, 2t+9} of
+//   its rows g and g + 8 (the A fragment): one 16-byte shared load a row (the four lanes of a quad read the same
+//   chunk: a broadcast) and one byte permute, then the exact int8 -> 16-bit expansion (s8x4_to_16bit). A stage's
+//   eight fragments are built, then its eight wgmma issued; stages alternate between two fragment sets so the
+//   next stage's loads and expansion run while the previous stage's wgmma are in flight.
+// - Epilogue: the accumulators hold y^T (rows: weights, columns: tokens); store_out's arithmetic per element,
+//   transposed (scalar stores: a first version), or fp32 partials for split_k > 1 (gemm_reduce_kernel sums them).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+
+#include "kernels/common/ptx/arch.cuh"
+#include "kernels/common/ptx/mbarrier.cuh"
+#include "kernels/common/ptx/smem.cuh"
+#include "kernels/common/ptx/sync.cuh"
+#include "kernels/common/ptx/tma.cuh"
+#include "kernels/common/ptx/wgmma_sm90.cuh"
+#include "kernels/gemm/params.h"
+#include "kernels/gemm/sm80_gemm.cuh"
+
+namespace astrai {
+namespace gemm {
+
+struct Sm90W8a16Shape {
+  static constexpr int kRows = 128;    // weight rows a CTA: the wgmma M side, 64 a consumer warpgroup
+  static constexpr int kTokens = 128;  // token rows a CTA: the wgmma N side
+  static constexpr int kBK = 128;      // K values a stage
+  static constexpr int kWBytes = kRows * 128;
+  static constexpr int kXBoxBytes = kTokens * 128;  // 64 16-bit values of K a row
+  static constexpr int kStageBytes = kWBytes + 2 * kXBoxBytes;
+  static constexpr int kStages = 4;
+  static constexpr int kThreads = 384;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+};
+
+// The A fragments of one stage (eight k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows.
+template <bool kF16>
+__device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int row, int t, uint32_t (&f)[8][4]) {
+  const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    // 128-byte swizzle: chunk j of row r at (j ^ (r % 8)); rows row and row + 8 share r % 8.
+    const uint32_t off = uint32_t(((j ^ (row & 7)) << 4));
+    const uint4 v0 = *reinterpret_cast<const uint4*>(w_tile + row * 128 + off);
+    const uint4 v1 = *reinterpret_cast<const uint4*>(w_tile + (row + 8) * 128 + off);
+    const uint32_t u0 = __byte_perm(t < 2 ? v0.x : v0.y, t < 2 ? v0.z : v0.w, sel);  // bytes 2t, 2t+1, 2t+8, 2t+9
+    const uint32_t u1 = __byte_perm(t < 2 ? v1.x : v1.y, t < 2 ? v1.z : v1.w, sel);
+    uint32_t lo0, hi0, lo1, hi1;
+    s8x4_to_16bit<kF16>(u0, lo0, hi0);
+    s8x4_to_16bit<kF16>(u1, lo1, hi1);
+    f[j][0] = lo0;  // A[g][2t..2t+1]
+    f[j][1] = lo1;  // A[g+8][2t..2t+1]
+    f[j][2] = hi0;  // A[g][2t+8..2t+9]
+    f[j][3] = hi1;  // A[g+8][2t+8..2t+9]
+  }
+}
+
+template <bool kF16>
+__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[64], const uint32_t (&f)[8][4], uint32_t x_tile,
+                                                     bool accumulate) {
+  wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint64_t desc =
+        wgmma_desc_sw128(x_tile + (j / 4) * Sm90W8a16Shape::kXBoxBytes + (j % 4) * 32, 16, 1024);
+    wgmma_m64n128k16_rs<kF16>(acc, f[j], desc, accumulate || j > 0);
+  }
+}
+
+// Grid: x = blocks of 128 weight rows, y = blocks of 128 tokens, z = batch * split_k (slice fastest).
+template <bool kF16>
+__global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
+    gemm_sm90_w8a16_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
+                           const __grid_constant__ GemmParams p) {
+#if ASTRAI_WGMMA
+  using S = Sm90W8a16Shape;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);
+  uint64_t* const empty = full + S::kStages;
+  const int wg = threadIdx.x / 128;
+  const int n0 = int(blockIdx.x) * S::kRows, m0 = int(blockIdx.y) * S::kTokens;
+  const int bz = int(blockIdx.z) / p.split_k, split = int(blockIdx.z) % p.split_k;
+  const int k_tiles = (p.k + S::kBK - 1) / S::kBK;
+  const int kt0 = min(k_tiles, split * p.k_tiles_per_split), kt1 = min(k_tiles, kt0 + p.k_tiles_per_split);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 2);  // one arrival a consumer warpgroup
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    setmaxnreg_dec<S::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const int zw = p.b_batch_stride == 0 ? 0 : bz, zx = p.a_batch_stride == 0 ? 0 : bz;
+      for (int kt = kt0, it = 0; kt < kt1; ++kt, ++it) {
+        const int s = it % S::kStages;
+        mbarrier_wait_sleep(&empty[s], (uint32_t(it / S::kStages) & 1u) ^ 1u);
+        uint8_t* const stage = smem + s * S::kStageBytes;
+        mbarrier_arrive_expect_tx(&full[s], S::kStageBytes);
+        tma_load_3d(smem_addr(stage), &map_w, &full[s], kt * S::kBK, n0, zw);
+        tma_load_3d(smem_addr(stage + S::kWBytes), &map_x, &full[s], kt * S::kBK, m0, zx);
+        tma_load_3d(smem_addr(stage + S::kWBytes + S::kXBoxBytes), &map_x, &full[s], kt * S::kBK + 64, m0, zx);
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<S::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
+  const int row = cw * 64 + 16 * warp + g;  // this thread's first weight row of the tile
+  const bool signals = threadIdx.x % 128 == 0;
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  auto stage_ptr = [&](int it) {  // waits ring position it full
+    mbarrier_wait_sleep(&full[it % S::kStages], uint32_t(it / S::kStages) & 1u);
+    return smem + (it % S::kStages) * S::kStageBytes;
+  };
+  auto release = [&](int it) {
+    if (signals) mbarrier_arrive(&empty[it % S::kStages]);
+  };
+  const int n = kt1 - kt0;
+  uint32_t fa[8][4], fb[8][4];
+  for (int i = 0; i < n; i += 2) {  // stages in pairs: no group in flight across iterations
+    const uint8_t* const s0 = stage_ptr(i);
+    sm90_w8a16_fragments<kF16>(s0, row, t, fa);
+    sm90_w8a16_stage_mma<kF16>(acc, fa, smem_addr(s0 + S::kWBytes), i > 0);
+    wgmma_commit();
+    if (i + 1 < n) {
+      const uint8_t* const s1 = stage_ptr(i + 1);
+      sm90_w8a16_fragments<kF16>(s1, row, t, fb);  // while stage i's wgmma run
+      sm90_w8a16_stage_mma<kF16>(acc, fb, smem_addr(s1 + S::kWBytes), true);
+      wgmma_commit();
+      wgmma_wait<1>();
+      release(i);
+    }
+    wgmma_wait<0>();
+    release(i + 1 < n ? i + 1 : i);
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+
+  // acc[4 j + e] = y^T[row + 8 (e / 2)][8 j + 2 t + e % 2] of the tile: weight (column of y) and token (row of y).
+  const bool partial = p.split_k > 1;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + row + 8 * (e / 2), tok = m0 + 8 * j + 2 * t + e % 2;
+      if (col >= p.n || tok >= p.m) continue;
+      if (partial) {
+        static_cast<float*>(p.workspace)[((int64_t(bz) * p.split_k + split) * p.m + tok) * p.n + col] = acc[4 * j + e];
+      } else {
+        store_out<float>(p, bz, tok, col, acc[4 * j + e], 0.f, false);
+      }
+    }
+#endif
+}
+
+}  // namespace gemm
+}  // namespace astrai
