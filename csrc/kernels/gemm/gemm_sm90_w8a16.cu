@@ -26,8 +26,7 @@ cudaError_t launch_w8a16(const GemmParams& p, cudaStream_t stream) {
   auto* kernel = &gemm_sm90_w8a16_kernel<kF16>;
   static std::atomic<uint64_t> smem_set{0};
   ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
-  const dim3 grid(unsigned(ceil_div(p.n, S::kRows)), unsigned(ceil_div(p.m, S::kTokens)),
-                  unsigned(p.batch * p.split_k));
+  const dim3 grid(unsigned(ceil_div(p.n, S::kRows) * ceil_div(p.m, S::kTokens)), 1, unsigned(p.batch * p.split_k));
   kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(map_w, map_x, p);
   ASTRAI_CUDA_TRY(cudaGetLastError());
   if (p.split_k > 1) return launch_split_reduce<float>(p, stream);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 
@@ -42,6 +43,7 @@ struct Sm90W8a16Shape {
   static constexpr int kThreads = 384;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kGroupTokens = 8;  // raster: token tiles that walk the weight tiles together
 };
 
 // The A fragments of one stage (eight k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows.
@@ -78,7 +80,69 @@ __device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[64], const uin
   }
 }
 
-// Grid: x = blocks of 128 weight rows, y = blocks of 128 tokens, z = batch * split_k (slice fastest).
+// Copies a consumer's staged tile (128 token rows x 64 output columns of fp32, see the kernel's epilogue) out: a
+// thread a 16-byte unit (4 columns of one token) at a time. kPartial: raw sums into the split's workspace slice;
+// otherwise store_out's arithmetic (acc * a_scale of the token * b_scale of the column + bias, in fp32), then Out.
+template <class Out, bool kPartial>
+__device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const float* buf, int bz, int split, int m0,
+                                                    int col0) {
+  const int tid = threadIdx.x % 128;
+  Out* base;
+  int64_t row_stride;
+  if constexpr (kPartial) {
+    base = static_cast<Out*>(p.workspace) + (int64_t(bz) * p.split_k + split) * p.m * p.n;
+    row_stride = p.n;
+  } else {
+    base = static_cast<Out*>(p.out) + bz * p.out_batch_stride;
+    row_stride = p.out_row_stride;
+  }
+#pragma unroll 4
+  for (int i = 0; i < 16; ++i) {
+    const int q = tid + 128 * i, r = q / 16, u = q % 16;
+    const int tok = m0 + r, col = col0 + 4 * u;
+    if (tok >= p.m || col >= p.n) continue;
+    const float4 v4 = *reinterpret_cast<const float4*>(buf + r * 64 + ((u ^ (((r >> 1) & 3) << 1)) * 4));
+    float v[4] = {v4.x, v4.y, v4.z, v4.w};
+    const int cols = min(4, p.n - col);
+    if constexpr (!kPartial) {
+      const float sa = p.a_scale ? p.a_scale[p.a_scale_per_row ? tok : 0] : 1.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = min(col + e, p.n - 1);  // lanes past N are computed but not stored
+        v[e] *= sa;
+        if (p.b_scale) v[e] *= p.b_scale[p.b_scale_per_col ? c : 0];
+        if (p.bias_dtype != GemmBias::kNone) v[e] += bias_at(p, c);
+      }
+    }
+    Out* const dst = base + int64_t(tok) * row_stride + col;
+    if (cols == 4 && (reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(Out))) == 0) {
+      if constexpr (std::is_same<Out, float>::value) {
+        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      } else if constexpr (std::is_same<Out, __half>::value) {
+        const __half2 lo = __floats2half2_rn(v[0], v[1]), hi = __floats2half2_rn(v[2], v[3]);
+        *reinterpret_cast<uint2*>(dst) =
+            make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      } else {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+        *reinterpret_cast<uint2*>(dst) =
+            make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      }
+    } else {
+      for (int e = 0; e < cols; ++e) {
+        if constexpr (std::is_same<Out, float>::value) {
+          dst[e] = v[e];
+        } else if constexpr (std::is_same<Out, __half>::value) {
+          dst[e] = __float2half_rn(v[e]);
+        } else {
+          dst[e] = __float2bfloat16_rn(v[e]);
+        }
+      }
+    }
+  }
+}
+
+// Grid: x = tiles (blocks of 128 weight rows x blocks of 128 tokens, grouped raster), z = batch * split_k (slice
+// fastest).
 template <bool kF16>
 __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
     gemm_sm90_w8a16_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
@@ -90,7 +154,13 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);
   uint64_t* const empty = full + S::kStages;
   const int wg = threadIdx.x / 128;
-  const int n0 = int(blockIdx.x) * S::kRows, m0 = int(blockIdx.y) * S::kTokens;
+  // Grouped raster: kGroupTokens token tiles walk the weight tiles together, so a weight tile is read from DRAM once
+  // for the group (the weights of a large layer do not fit in the L2).
+  const int tiles_m = (p.m + S::kTokens - 1) / S::kTokens;
+  const int tile = int(blockIdx.x), per_group = S::kGroupTokens * int(gridDim.x / unsigned(tiles_m));
+  const int first_m = (tile / per_group) * S::kGroupTokens, rows = min(S::kGroupTokens, tiles_m - first_m);
+  const int local = tile % per_group;
+  const int n0 = (local / rows) * S::kRows, m0 = (first_m + local % rows) * S::kTokens;
   const int bz = int(blockIdx.z) / p.split_k, split = int(blockIdx.z) % p.split_k;
   const int k_tiles = (p.k + S::kBK - 1) / S::kBK;
   const int kt0 = min(k_tiles, split * p.k_tiles_per_split), kt1 = min(k_tiles, kt0 + p.k_tiles_per_split);
@@ -136,10 +206,10 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
     if (signals) mbarrier_arrive(&empty[it % S::kStages]);
   };
   const int n = kt1 - kt0;
-  uint32_t fa[8][4], fb[8][4];
-  for (int i = 0; i < n; i += 2) {  // stages in pairs: no group in flight across iterations
-    const uint8_t* const s0 = stage_ptr(i);
-    sm90_w8a16_fragments<kF16>(s0, row, t, fa);
+  uint32_t fa[8][4], fb[8][4];  // a stage's fragments: even stages in fa, odd in fb
+  const uint8_t* s0 = n > 0 ? stage_ptr(0) : smem;
+  if (n > 0) sm90_w8a16_fragments<kF16>(s0, row, t, fa);
+  for (int i = 0; i < n; i += 2) {  // stages in pairs: no wgmma group in flight across iterations (ptxas C7514)
     sm90_w8a16_stage_mma<kF16>(acc, fa, smem_addr(s0 + S::kWBytes), i > 0);
     wgmma_commit();
     if (i + 1 < n) {
@@ -147,29 +217,47 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
       sm90_w8a16_fragments<kF16>(s1, row, t, fb);  // while stage i's wgmma run
       sm90_w8a16_stage_mma<kF16>(acc, fb, smem_addr(s1 + S::kWBytes), true);
       wgmma_commit();
-      wgmma_wait<1>();
+      wgmma_wait<1>();  // stage i's wgmma done: fa is free
+      release(i);
+      if (i + 2 < n) {
+        s0 = stage_ptr(i + 2);
+        sm90_w8a16_fragments<kF16>(s0, row, t, fa);  // while stage i + 1's wgmma run
+      }
+      wgmma_wait<0>();
+      release(i + 1);
+    } else {
+      wgmma_wait<0>();
       release(i);
     }
-    wgmma_wait<0>();
-    release(i + 1 < n ? i + 1 : i);
   }
 #pragma unroll
   for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
 
-  // acc[4 j + e] = y^T[row + 8 (e / 2)][8 j + 2 t + e % 2] of the tile: weight (column of y) and token (row of y).
-  const bool partial = p.split_k > 1;
+  // Epilogue: both consumers are done with the ring (every stage consumed, no load in flight), so each stages its
+  // 64 weight rows x 128 tokens there as fp32, transposed to y's orientation: buf[token][weight], 256-byte rows,
+  // 16-byte units XOR-swizzled by bits 1-2 of the row (the four token rows a warp writes at once hit distinct
+  // banks; a quarter warp's read stays inside one half row). Then a 16-byte unit a thread: 4 output columns of one
+  // token, scales and bias folded, stored as one vector where the output allows.
+  named_barrier_sync(1, 256);
+  float* const buf = reinterpret_cast<float*>(smem) + cw * 128 * 64;
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int col = n0 + row + 8 * (e / 2), tok = m0 + 8 * j + 2 * t + e % 2;
-      if (col >= p.n || tok >= p.m) continue;
-      if (partial) {
-        static_cast<float*>(p.workspace)[((int64_t(bz) * p.split_k + split) * p.m + tok) * p.n + col] = acc[4 * j + e];
-      } else {
-        store_out<float>(p, bz, tok, col, acc[4 * j + e], 0.f, false);
-      }
+      const int wr = 16 * warp + g + 8 * (e / 2), tk = 8 * j + 2 * t + e % 2;
+      buf[tk * 64 + (((wr / 4) ^ (((tk >> 1) & 3) << 1)) * 4) + wr % 4] = acc[4 * j + e];
     }
+  named_barrier_sync(2 + cw, 128);
+  const int col0 = n0 + cw * 64;
+  if (p.split_k > 1) {
+    sm90_w8a16_copy_out<float, true>(p, buf, bz, split, m0, col0);
+  } else {
+    switch (p.out_dtype) {  // one branch a tile
+      case GemmOut::kBf16: sm90_w8a16_copy_out<__nv_bfloat16, false>(p, buf, bz, split, m0, col0); break;
+      case GemmOut::kF16: sm90_w8a16_copy_out<__half, false>(p, buf, bz, split, m0, col0); break;
+      default: sm90_w8a16_copy_out<float, false>(p, buf, bz, split, m0, col0); break;
+    }
+  }
 #endif
 }
 
