@@ -46,25 +46,52 @@ struct Sm90W8a16Shape {
   static constexpr int kGroupTokens = 8;  // raster: token tiles that walk the weight tiles together
 };
 
-// The A fragments of one stage (eight k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows.
+// lop3 with a lookup table of 0x6A: per bit, (b, c) = (0, 0) -> 0, (0, 1) -> 1, (1, 0) -> a, (1, 1) -> ~a. With b and
+// c constants this keeps, inverts or sets each bit of a in one instruction.
+template <uint32_t b, uint32_t c>
+__device__ __forceinline__ uint32_t sm90_w8a16_bits(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "n"(b), "n"(c));
+  return d;
+}
+
+// The low bytes of the two 16-bit lanes of u (int8; the high bytes are ignored) -> two 16-bit values, exact.
+// fp16: 0x64 over the byte with its top bit inverted is 1024 + (byte + 128); minus 1152. bf16 (7 mantissa bits):
+// 0x43 over the low 7 bits is 128 + those bits, 0x43 over the top bit alone 128 or 256; their difference is the
+// signed byte (the issue's two-LOP expansion).
+template <bool kF16>
+__device__ __forceinline__ uint32_t sm90_w8a16_expand(uint32_t u) {
+  if constexpr (kF16) {
+    const uint32_t x = sm90_w8a16_bits<0x00FF00FFu, 0x64806480u>(u);
+    const uint32_t bias = 0xE480E480u;  // -1152, -1152
+    const __half2 r = __hadd2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&bias));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const uint32_t x = sm90_w8a16_bits<0x007F007Fu, 0x43004300u>(u),
+                   y = sm90_w8a16_bits<0x00800080u, 0x43004300u>(u);
+    const __nv_bfloat162 r =
+        __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x), *reinterpret_cast<const __nv_bfloat162*>(&y));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+// The A fragments of one stage (eight k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows:
+// a 16-byte shared load a row and step (the quad's four lanes read the same chunk), then one byte permute puts
+// bytes 2t and 2t + 1 of the chunk's first 8 bytes in the low bytes of two 16-bit lanes (and one bytes 2t + 8,
+// 2t + 9 from the last 8), and the expansion.
 template <bool kF16>
 __device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int row, int t, uint32_t (&f)[8][4]) {
-  const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+  const uint32_t sel = uint32_t(2 * t) * 0x11u + uint32_t(2 * t + 1) * 0x1100u;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     // 128-byte swizzle: chunk j of row r at (j ^ (r % 8)); rows row and row + 8 share r % 8.
     const uint32_t off = uint32_t(((j ^ (row & 7)) << 4));
     const uint4 v0 = *reinterpret_cast<const uint4*>(w_tile + row * 128 + off);
     const uint4 v1 = *reinterpret_cast<const uint4*>(w_tile + (row + 8) * 128 + off);
-    const uint32_t u0 = __byte_perm(t < 2 ? v0.x : v0.y, t < 2 ? v0.z : v0.w, sel);  // bytes 2t, 2t+1, 2t+8, 2t+9
-    const uint32_t u1 = __byte_perm(t < 2 ? v1.x : v1.y, t < 2 ? v1.z : v1.w, sel);
-    uint32_t lo0, hi0, lo1, hi1;
-    s8x4_to_16bit<kF16>(u0, lo0, hi0);
-    s8x4_to_16bit<kF16>(u1, lo1, hi1);
-    f[j][0] = lo0;  // A[g][2t..2t+1]
-    f[j][1] = lo1;  // A[g+8][2t..2t+1]
-    f[j][2] = hi0;  // A[g][2t+8..2t+9]
-    f[j][3] = hi1;  // A[g+8][2t+8..2t+9]
+    f[j][0] = sm90_w8a16_expand<kF16>(__byte_perm(v0.x, v0.y, sel));  // A[g][2t..2t+1]
+    f[j][1] = sm90_w8a16_expand<kF16>(__byte_perm(v1.x, v1.y, sel));  // A[g+8][2t..2t+1]
+    f[j][2] = sm90_w8a16_expand<kF16>(__byte_perm(v0.z, v0.w, sel));  // A[g][2t+8..2t+9]
+    f[j][3] = sm90_w8a16_expand<kF16>(__byte_perm(v1.z, v1.w, sel));  // A[g+8][2t+8..2t+9]
   }
 }
 
