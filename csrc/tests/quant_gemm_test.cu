@@ -649,11 +649,13 @@ std::vector<Case> make_cases(bool small) {
       c.epi = epilogues_of(kPairs[c.pair])[3];
       cases.push_back(c);
     }
-    for (int pi : {2, 3}) {  // the sm_90a w8a16 kernel (skipped off an H100 / H200): split-K with a padded output; M = 1
-      Case c = shapes_for(pi, 0, kGemmSm90W8a16Recipe)[pi == 2 ? 2 : 0];
-      c.epi = epilogues_of(kPairs[pi])[size_t(pi)];
-      cases.push_back(c);
-    }
+    // The sm_90a w8a16 kernels (skipped off an H100 / H200): split-K with a padded output; M = 1.
+    for (int recipe : {kGemmSm90W8a16Recipe, kGemmSm90W8a16WideRecipe})
+      for (int pi : {2, 3}) {
+        Case c = shapes_for(pi, 0, recipe)[pi == 2 ? 2 : 0];
+        c.epi = epilogues_of(kPairs[pi])[size_t(pi + recipe)];
+        cases.push_back(c);
+      }
     Case odd = shapes_for(2, 0, 2)[4];  // bf16 x s8 on the stream kernel, odd K, b broadcast over 3 batches
     odd.m = 9;
     odd.epi = epilogues_of(kPairs[2])[5];

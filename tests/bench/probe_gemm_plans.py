@@ -164,14 +164,14 @@ def w8a16_sm90(ms=(64, 128, 256, 1024, 4096)):
             anchor = us(lambda s: F.linear(s[0], s[2]), sets)
             portable = ops.builtin_plan(m, n, k, "w8a16", NUM_SMS)
             row = [f"r{portable[0]}/{portable[1]} {anchor / us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, *portable), sets):.3f}"]
-            for split in (1, 2, 4):
-                got = op(x, w, None, sb, None, torch.bfloat16, 0, 7, split).double()
+            for recipe, split in ((7, 1), (7, 2), (7, 4), (8, 1), (8, 2)):
+                got = op(x, w, None, sb, None, torch.bfloat16, 0, recipe, split).double()
                 err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-                t = us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, 7, split), sets)
-                row.append(f"7/{split} {anchor / t:.3f}" + (f" ERR {err:.1e}" if err > 2e-2 else ""))
+                t = us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, recipe, split), sets)
+                row.append(f"{recipe}/{split} {anchor / t:.3f}" + (f" ERR {err:.1e}" if err > 2e-2 else ""))
             print(f"w8a16 M={m} N={n} K={k} cuBLAS {anchor:.1f} us: " + "  ".join(row), flush=True)
 
 
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90}[
+    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90, "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096))}[
         sys.argv[1] if len(sys.argv) > 1 else "grid"]()

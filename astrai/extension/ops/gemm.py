@@ -81,11 +81,15 @@ RECIPES = {
     # into a shared-memory ring, mma.sync; layout "nt", every pair, same devices as 4 and 5; split_k <= 8 (its K
     # slices are one cluster of CTAs, summed in rank order inside it: no workspace).
     6: Recipe("sm90_stream", 16, 64),
-    # EXPERIMENT (branch exp-sm90-w8a16): w8a16 on wgmma, swap AB (csrc/kernels/gemm/sm90_w8a16.cuh); layout "nt".
+    # 7, 8: Hopper w8a16 on wgmma (csrc/kernels/gemm/sm90_w8a16.cuh): the int8 weights expanded in registers as
+    # wgmma's A operand, the activations its B operand from TMA; 128 or 256 token rows x 128 weight rows; layout "nt",
+    # w8a16 only, same devices as 4 and 5; split_k through the workspace and the ordered reduce.
     7: Recipe("sm90_w8a16", 128, 128),
+    8: Recipe("sm90_w8a16_wide", 256, 128),
 }
 SM90_RECIPES = (4, 5)  # the wgmma mainloop
 SM90_STREAM_RECIPE = 6
+SM90_W8A16_RECIPES = (7, 8)  # Hopper w8a16 on wgmma
 SM90_STREAM_MAX_SPLIT = 8  # its K slices are the CTAs of one cluster (the portable cluster size)
 
 # The built-in plan's constants (see builtin_plan).

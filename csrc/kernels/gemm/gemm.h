@@ -9,11 +9,13 @@ namespace astrai {
 
 // Tile recipes by the id the planner passes (docs/contracts.md, GEMM ops): 0-3 the portable mma.sync mainloop, 4
 // and 5 the Hopper wgmma + TMA mainloop (sm_90 GPUs with sm_90a code in the image, layout nt, every pair but w8a16),
-// 6 the Hopper weight stream (same devices and layout, every pair; small M).
-constexpr int kGemmRecipes = 8;
+// 6 the Hopper weight stream (same devices and layout, every pair; small M), 7 and 8 Hopper w8a16 on wgmma (same
+// devices and layout, w8a16 only; 128 weight rows x 128 or 256 tokens).
+constexpr int kGemmRecipes = 9;
 constexpr int kGemmFirstSm90Recipe = 4;
 constexpr int kGemmSm90StreamRecipe = 6;
-constexpr int kGemmSm90W8a16Recipe = 7;  // EXPERIMENT (branch exp-sm90-w8a16)
+constexpr int kGemmSm90W8a16Recipe = 7;
+constexpr int kGemmSm90W8a16WideRecipe = 8;
 // Recipe 6 runs its K slices as the CTAs of one cluster: at most the portable cluster size.
 constexpr int kGemmSm90StreamMaxSplit = 8;
 

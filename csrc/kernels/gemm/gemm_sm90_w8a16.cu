@@ -1,4 +1,4 @@
-// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipe 7, bf16 and fp16 activations. EXPERIMENT (branch).
+// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipes 7 and 8, bf16 and fp16 activations.
 #include <atomic>
 
 #include <cuda_runtime.h>
@@ -14,30 +14,37 @@ namespace astrai {
 namespace gemm {
 namespace {
 
-template <bool kF16>
+template <bool kF16, class S>
 cudaError_t launch_w8a16(const GemmParams& p, cudaStream_t stream) {
-  using S = Sm90W8a16Shape;
   CUtensorMap map_w, map_x;
   if (!sm90_k_major_map(&map_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.b, p.n, p.k, p.b_row_stride, p.batch,
-                        p.b_batch_stride, S::kRows) ||
+                        p.b_batch_stride, S::kRows, S::kBK) ||
       !sm90_k_major_map(&map_x, kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, p.a, p.m,
                         p.k, p.a_row_stride, p.batch, p.a_batch_stride, S::kTokens))
     return cudaErrorNotSupported;
-  auto* kernel = &gemm_sm90_w8a16_kernel<kF16>;
+  auto* kernel = &gemm_sm90_w8a16_kernel<kF16, S>;
   static std::atomic<uint64_t> smem_set{0};
   ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
-  const dim3 grid(unsigned(ceil_div(p.n, S::kRows) * ceil_div(p.m, S::kTokens)), 1, unsigned(p.batch * p.split_k));
+  const int64_t tiles = int64_t(ceil_div(p.n, S::kRows)) * ceil_div(p.m, S::kTokens);
+  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
+  const dim3 grid(unsigned(tiles), 1, unsigned(p.batch * p.split_k));
   kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(map_w, map_x, p);
   ASTRAI_CUDA_TRY(cudaGetLastError());
   if (p.split_k > 1) return launch_split_reduce<float>(p, stream);
   return cudaSuccess;
 }
 
+template <class S>
+cudaError_t launch_shape(const GemmParams& p, GemmPair pair, cudaStream_t stream) {
+  return pair == GemmPair::kF16S8 ? launch_w8a16<true, S>(p, stream) : launch_w8a16<false, S>(p, stream);
+}
+
 }  // namespace
 
-cudaError_t sm90_launch_w8a16(const GemmParams& p, GemmPair pair, cudaStream_t stream) {
-  // gemm_launch's K tile for an int8 b (128 values) is the kernel's: k_tiles_per_split needs no conversion.
-  return pair == GemmPair::kF16S8 ? launch_w8a16<true>(p, stream) : launch_w8a16<false>(p, stream);
+cudaError_t sm90_launch_w8a16(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream) {
+  // p.k_tiles_per_split counts gemm_launch's K tiles of 128 for an int8 b; the kernel converts to its own.
+  return recipe == kGemmSm90W8a16WideRecipe ? launch_shape<Sm90W8a16Tokens256>(p, pair, stream)
+                                            : launch_shape<Sm90W8a16Tokens128>(p, pair, stream);
 }
 
 }  // namespace gemm

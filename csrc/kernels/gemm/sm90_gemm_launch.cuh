@@ -17,18 +17,20 @@
 namespace astrai {
 namespace gemm {
 
-// A K-major operand [batch][rows][k] as a 3-D map (k, rows, batch) in boxes of one 128-byte K tile x box_rows rows,
-// 128-byte swizzle, zeros past the edges. A broadcast operand (batch stride 0) gets one batch. False where TMA
+// A K-major operand [batch][rows][k] as a 3-D map (k, rows, batch) in boxes of one K tile of box_bytes (128 or 64) x
+// box_rows rows, swizzled by the same width, zeros past the edges. A broadcast operand (batch stride 0) gets one batch. False where TMA
 // cannot describe it (a base address or stride not a multiple of 16 bytes).
 inline bool sm90_k_major_map(CUtensorMap* map, CUtensorMapDataType type, int elt_bytes, const void* base, int rows,
-                             int k, int64_t row_stride, int batch, int64_t batch_stride, int box_rows) {
+                             int k, int64_t row_stride, int batch, int64_t batch_stride, int box_rows,
+                             int box_bytes = 128) {
   const uint64_t dims[3] = {uint64_t(k), uint64_t(rows), uint64_t(batch_stride == 0 ? 1 : batch)};
   // One row: the op leaves its stride 0 (unread); any multiple of 16 bytes describes it.
   const int64_t row_bytes = rows > 1 ? row_stride * elt_bytes : (int64_t(k) * elt_bytes + 15) / 16 * 16;
   const int64_t batch_bytes = batch_stride == 0 ? row_bytes * rows : batch_stride * elt_bytes;
   const int64_t strides[2] = {row_bytes, batch_bytes};
-  const uint32_t box[3] = {uint32_t(128 / elt_bytes), uint32_t(box_rows), 1};
-  return encode_tensor_map_tiled(map, type, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+  const uint32_t box[3] = {uint32_t(box_bytes / elt_bytes), uint32_t(box_rows), 1};
+  return encode_tensor_map_tiled(map, type, 3, base, dims, strides, box,
+                                 box_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 

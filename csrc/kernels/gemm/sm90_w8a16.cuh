@@ -1,18 +1,19 @@
-// EXPERIMENT (branch exp-sm90-w8a16, never run on a GPU yet): recipe 7, W8A16 on Hopper's wgmma for layout nt
-// (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights). wgmma reads its B operand from shared memory only, and
-// int8 is no wgmma type for a 16-bit product, so the roles are swapped: the CTA computes y^T's tile, the weights are
-// wgmma's A operand, expanded to 16 bits in registers (rs form), and the activations its B operand, straight from
-// the TMA's shared memory.
+// Recipes 7 and 8: W8A16 on Hopper's wgmma for layout nt (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights).
+// wgmma reads its B operand from shared memory only, and int8 is no wgmma type for a 16-bit product, so the roles
+// are swapped: the CTA computes a tile of y^T, the weights are wgmma's A operand, expanded to 16 bits in registers
+// (rs form), and the activations its B operand, straight from the TMA's shared memory.
 //
-// - Warpgroup 0: one producer thread; a stage is 128 weight rows x 128 K (16 KB of int8, one 128-byte box row) and
-//   128 token rows x 128 K (two boxes of 64 values, 32 KB), 128-byte swizzle, zeros past M, N and K.
+// - Warpgroup 0: one producer thread. A stage is 128 weight rows x kBK of K (int8, one box: recipe 7 128 K with the
+//   128-byte swizzle, recipe 8 64 K with the 64-byte swizzle) and kTokens token rows x kBK (boxes of 64 values, the
+//   128-byte swizzle); zeros past M, N and K.
 // - Warpgroups 1 and 2: each owns 64 weight rows. For each 16 of K a thread needs bytes {2t, 2t+1, 2t+8, 2t+9} of
 //   its rows g and g + 8 (the A fragment): one 16-byte shared load a row (the four lanes of a quad read the same
-//   chunk: a broadcast) and one byte permute, then the exact int8 -> 16-bit expansion (s8x4_to_16bit). A stage's
-//   eight fragments are built, then its eight wgmma issued; stages alternate between two fragment sets so the
-//   next stage's loads and expansion run while the previous stage's wgmma are in flight.
-// - Epilogue: the accumulators hold y^T (rows: weights, columns: tokens); store_out's arithmetic per element,
-//   transposed (scalar stores: a first version), or fp32 partials for split_k > 1 (gemm_reduce_kernel sums them).
+//   chunk), byte permutes, then the exact int8 -> 16-bit expansion. A stage's fragments are built, then its wgmma
+//   issued (recipe 8: two of 128 tokens a step, the same fragment); stages alternate between two fragment sets so a
+//   stage's loads and expansion run while the previous stage's wgmma are in flight.
+// - Epilogue: the ring is reused to stage each warpgroup's y^T tile transposed to y's orientation in fp32, then
+//   copied out 4 columns of a token a thread, scales and bias folded (store_out's arithmetic), or raw fp32 partials
+//   into the split's workspace slice for split_k > 1 (gemm_reduce_kernel sums them in split order).
 #pragma once
 
 #include <cstdint>
@@ -32,19 +33,25 @@
 namespace astrai {
 namespace gemm {
 
+template <int kTokens_>
 struct Sm90W8a16Shape {
-  static constexpr int kRows = 128;    // weight rows a CTA: the wgmma M side, 64 a consumer warpgroup
-  static constexpr int kTokens = 128;  // token rows a CTA: the wgmma N side
-  static constexpr int kBK = 128;      // K values a stage
-  static constexpr int kWBytes = kRows * 128;
-  static constexpr int kXBoxBytes = kTokens * 128;  // 64 16-bit values of K a row
-  static constexpr int kStageBytes = kWBytes + 2 * kXBoxBytes;
-  static constexpr int kStages = 4;
+  static constexpr int kRows = 128;          // weight rows a CTA: the wgmma M side, 64 a consumer warpgroup
+  static constexpr int kTokens = kTokens_;   // token rows a CTA: the wgmma N side (128 a wgmma)
+  static constexpr int kBK = kTokens == 128 ? 128 : 64;  // K values a stage
+  static constexpr int kSteps = kBK / 16;    // k16 steps a stage
+  static constexpr int kWBytes = kRows * kBK;
+  static constexpr int kXBoxBytes = kTokens * 128;  // 64 16-bit values of K a token row
+  static constexpr int kStageBytes = kWBytes + (kBK / 64) * kXBoxBytes;
+  static constexpr int kStages = kTokens == 128 ? 4 : 5;  // 192 KB / 200 KB
   static constexpr int kThreads = 384;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupTokens = 8;  // raster: token tiles that walk the weight tiles together
+  // The epilogue stages 2 x kTokens x 64 fp32 in the ring.
+  static_assert(2 * kTokens * 64 * 4 <= kStages * kStageBytes, "the epilogue's staging must fit the ring");
 };
+using Sm90W8a16Tokens128 = Sm90W8a16Shape<128>;  // recipe 7
+using Sm90W8a16Tokens256 = Sm90W8a16Shape<256>;  // recipe 8
 
 // lop3 with a lookup table of 0x6A: per bit, (b, c) = (0, 0) -> 0, (0, 1) -> 1, (1, 0) -> a, (1, 1) -> ~a. With b and
 // c constants this keeps, inverts or sets each bit of a in one instruction.
@@ -79,15 +86,18 @@ __device__ __forceinline__ uint32_t sm90_w8a16_expand(uint32_t u) {
 // a 16-byte shared load a row and step (the quad's four lanes read the same chunk), then one byte permute puts
 // bytes 2t and 2t + 1 of the chunk's first 8 bytes in the low bytes of two 16-bit lanes (and one bytes 2t + 8,
 // 2t + 9 from the last 8), and the expansion.
-template <bool kF16>
-__device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int row, int t, uint32_t (&f)[8][4]) {
+template <bool kF16, class S>
+__device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int row, int t,
+                                                     uint32_t (&f)[S::kSteps][4]) {
   const uint32_t sel = uint32_t(2 * t) * 0x11u + uint32_t(2 * t + 1) * 0x1100u;
+  // The swizzle of 16-byte chunk j of row r: 128-byte rows (recipe 7) at j ^ (r % 8), 64-byte rows (recipe 8) at
+  // j ^ ((r / 2) % 4); rows row and row + 8 share it.
+  const int swz = S::kBK == 128 ? (row & 7) : ((row >> 1) & 3);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    // 128-byte swizzle: chunk j of row r at (j ^ (r % 8)); rows row and row + 8 share r % 8.
-    const uint32_t off = uint32_t(((j ^ (row & 7)) << 4));
-    const uint4 v0 = *reinterpret_cast<const uint4*>(w_tile + row * 128 + off);
-    const uint4 v1 = *reinterpret_cast<const uint4*>(w_tile + (row + 8) * 128 + off);
+  for (int j = 0; j < S::kSteps; ++j) {
+    const uint32_t off = uint32_t((j ^ swz) << 4);
+    const uint4 v0 = *reinterpret_cast<const uint4*>(w_tile + row * S::kBK + off);
+    const uint4 v1 = *reinterpret_cast<const uint4*>(w_tile + (row + 8) * S::kBK + off);
     f[j][0] = sm90_w8a16_expand<kF16>(__byte_perm(v0.x, v0.y, sel));  // A[g][2t..2t+1]
     f[j][1] = sm90_w8a16_expand<kF16>(__byte_perm(v1.x, v1.y, sel));  // A[g+8][2t..2t+1]
     f[j][2] = sm90_w8a16_expand<kF16>(__byte_perm(v0.z, v0.w, sel));  // A[g][2t+8..2t+9]
@@ -95,22 +105,26 @@ __device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int 
   }
 }
 
-template <bool kF16>
-__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[64], const uint32_t (&f)[8][4], uint32_t x_tile,
-                                                     bool accumulate) {
+// One stage's wgmma: for each k16 step and each 128 tokens h, acc[h] (64 weights x 128 tokens) += the step's
+// fragment x the step's 16 K of tokens 128 h .. 128 h + 127; scale-d 0 on a fresh tile.
+template <bool kF16, class S>
+__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kTokens / 128][64], const uint32_t (&f)[S::kSteps][4],
+                                                     uint32_t x_tile, bool accumulate) {
   wgmma_fence();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint64_t desc =
-        wgmma_desc_sw128(x_tile + (j / 4) * Sm90W8a16Shape::kXBoxBytes + (j % 4) * 32, 16, 1024);
-    wgmma_m64n128k16_rs<kF16>(acc, f[j], desc, accumulate || j > 0);
-  }
+  for (int j = 0; j < S::kSteps; ++j)
+#pragma unroll
+    for (int h = 0; h < S::kTokens / 128; ++h) {
+      // Token rows 128 h.. of box j / 4 (64 K a box), 32 bytes of K a step inside its 128-byte rows.
+      const uint32_t at = x_tile + (j / 4) * S::kXBoxBytes + h * 128 * 128 + (j % 4) * 32;
+      wgmma_m64n128k16_rs<kF16>(acc[h], f[j], wgmma_desc_sw128(at, 16, 1024), accumulate || j > 0);
+    }
 }
 
-// Copies a consumer's staged tile (128 token rows x 64 output columns of fp32, see the kernel's epilogue) out: a
+// Copies a consumer's staged tile (kTokens token rows x 64 output columns of fp32, see the kernel's epilogue) out: a
 // thread a 16-byte unit (4 columns of one token) at a time. kPartial: raw sums into the split's workspace slice;
 // otherwise store_out's arithmetic (acc * a_scale of the token * b_scale of the column + bias, in fp32), then Out.
-template <class Out, bool kPartial>
+template <class Out, bool kPartial, int kTokens>
 __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const float* buf, int bz, int split, int m0,
                                                     int col0) {
   const int tid = threadIdx.x % 128;
@@ -124,7 +138,7 @@ __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const f
     row_stride = p.out_row_stride;
   }
 #pragma unroll 4
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < kTokens / 8; ++i) {
     const int q = tid + 128 * i, r = q / 16, u = q % 16;
     const int tok = m0 + r, col = col0 + 4 * u;
     if (tok >= p.m || col >= p.n) continue;
@@ -168,14 +182,13 @@ __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const f
   }
 }
 
-// Grid: x = tiles (blocks of 128 weight rows x blocks of 128 tokens, grouped raster), z = batch * split_k (slice
-// fastest).
-template <bool kF16>
-__global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
+// Grid: x = tiles (blocks of 128 weight rows x blocks of kTokens tokens, grouped raster), z = batch * split_k (slice
+// fastest). p.k_tiles_per_split counts gemm_launch's K tiles of 128.
+template <bool kF16, class S>
+__global__ void __launch_bounds__(S::kThreads, 1)
     gemm_sm90_w8a16_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
                            const __grid_constant__ GemmParams p) {
 #if ASTRAI_WGMMA
-  using S = Sm90W8a16Shape;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + S::kStages * S::kStageBytes);
@@ -190,7 +203,8 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
   const int n0 = (local / rows) * S::kRows, m0 = (first_m + local % rows) * S::kTokens;
   const int bz = int(blockIdx.z) / p.split_k, split = int(blockIdx.z) % p.split_k;
   const int k_tiles = (p.k + S::kBK - 1) / S::kBK;
-  const int kt0 = min(k_tiles, split * p.k_tiles_per_split), kt1 = min(k_tiles, kt0 + p.k_tiles_per_split);
+  const int per_split = p.k_tiles_per_split * (128 / S::kBK);
+  const int kt0 = min(k_tiles, split * per_split), kt1 = min(k_tiles, kt0 + per_split);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbarrier_init(&full[s], 1);
@@ -210,8 +224,9 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
         uint8_t* const stage = smem + s * S::kStageBytes;
         mbarrier_arrive_expect_tx(&full[s], S::kStageBytes);
         tma_load_3d(smem_addr(stage), &map_w, &full[s], kt * S::kBK, n0, zw);
-        tma_load_3d(smem_addr(stage + S::kWBytes), &map_x, &full[s], kt * S::kBK, m0, zx);
-        tma_load_3d(smem_addr(stage + S::kWBytes + S::kXBoxBytes), &map_x, &full[s], kt * S::kBK + 64, m0, zx);
+#pragma unroll
+        for (int b = 0; b < S::kBK / 64; ++b)
+          tma_load_3d(smem_addr(stage + S::kWBytes + b * S::kXBoxBytes), &map_x, &full[s], kt * S::kBK + 64 * b, m0, zx);
       }
     }
     return;
@@ -222,9 +237,12 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
   const int row = cw * 64 + 16 * warp + g;  // this thread's first weight row of the tile
   const bool signals = threadIdx.x % 128 == 0;
-  float acc[64];
+  constexpr int kH = S::kTokens / 128;
+  float acc[kH][64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int h = 0; h < kH; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
   auto stage_ptr = [&](int it) {  // waits ring position it full
     mbarrier_wait_sleep(&full[it % S::kStages], uint32_t(it / S::kStages) & 1u);
     return smem + (it % S::kStages) * S::kStageBytes;
@@ -233,22 +251,22 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
     if (signals) mbarrier_arrive(&empty[it % S::kStages]);
   };
   const int n = kt1 - kt0;
-  uint32_t fa[8][4], fb[8][4];  // a stage's fragments: even stages in fa, odd in fb
+  uint32_t fa[S::kSteps][4], fb[S::kSteps][4];  // a stage's fragments: even stages in fa, odd in fb
   const uint8_t* s0 = n > 0 ? stage_ptr(0) : smem;
-  if (n > 0) sm90_w8a16_fragments<kF16>(s0, row, t, fa);
+  if (n > 0) sm90_w8a16_fragments<kF16, S>(s0, row, t, fa);
   for (int i = 0; i < n; i += 2) {  // stages in pairs: no wgmma group in flight across iterations (ptxas C7514)
-    sm90_w8a16_stage_mma<kF16>(acc, fa, smem_addr(s0 + S::kWBytes), i > 0);
+    sm90_w8a16_stage_mma<kF16, S>(acc, fa, smem_addr(s0 + S::kWBytes), i > 0);
     wgmma_commit();
     if (i + 1 < n) {
       const uint8_t* const s1 = stage_ptr(i + 1);
-      sm90_w8a16_fragments<kF16>(s1, row, t, fb);  // while stage i's wgmma run
-      sm90_w8a16_stage_mma<kF16>(acc, fb, smem_addr(s1 + S::kWBytes), true);
+      sm90_w8a16_fragments<kF16, S>(s1, row, t, fb);  // while stage i's wgmma run
+      sm90_w8a16_stage_mma<kF16, S>(acc, fb, smem_addr(s1 + S::kWBytes), true);
       wgmma_commit();
       wgmma_wait<1>();  // stage i's wgmma done: fa is free
       release(i);
       if (i + 2 < n) {
         s0 = stage_ptr(i + 2);
-        sm90_w8a16_fragments<kF16>(s0, row, t, fa);  // while stage i + 1's wgmma run
+        sm90_w8a16_fragments<kF16, S>(s0, row, t, fa);  // while stage i + 1's wgmma run
       }
       wgmma_wait<0>();
       release(i + 1);
@@ -258,31 +276,35 @@ __global__ void __launch_bounds__(Sm90W8a16Shape::kThreads, 1)
     }
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+  for (int h = 0; h < kH; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[h][i]);
 
   // Epilogue: both consumers are done with the ring (every stage consumed, no load in flight), so each stages its
-  // 64 weight rows x 128 tokens there as fp32, transposed to y's orientation: buf[token][weight], 256-byte rows,
+  // 64 weight rows x kTokens tokens there as fp32, transposed to y's orientation: buf[token][weight], 256-byte rows,
   // 16-byte units XOR-swizzled by bits 1-2 of the row (the four token rows a warp writes at once hit distinct
   // banks; a quarter warp's read stays inside one half row). Then a 16-byte unit a thread: 4 output columns of one
   // token, scales and bias folded, stored as one vector where the output allows.
   named_barrier_sync(1, 256);
-  float* const buf = reinterpret_cast<float*>(smem) + cw * 128 * 64;
+  float* const buf = reinterpret_cast<float*>(smem) + cw * S::kTokens * 64;
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int h = 0; h < kH; ++h)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int wr = 16 * warp + g + 8 * (e / 2), tk = 8 * j + 2 * t + e % 2;
-      buf[tk * 64 + (((wr / 4) ^ (((tk >> 1) & 3) << 1)) * 4) + wr % 4] = acc[4 * j + e];
-    }
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int wr = 16 * warp + g + 8 * (e / 2), tk = 128 * h + 8 * j + 2 * t + e % 2;
+        buf[tk * 64 + (((wr / 4) ^ (((tk >> 1) & 3) << 1)) * 4) + wr % 4] = acc[h][4 * j + e];
+      }
   named_barrier_sync(2 + cw, 128);
   const int col0 = n0 + cw * 64;
   if (p.split_k > 1) {
-    sm90_w8a16_copy_out<float, true>(p, buf, bz, split, m0, col0);
+    sm90_w8a16_copy_out<float, true, S::kTokens>(p, buf, bz, split, m0, col0);
   } else {
     switch (p.out_dtype) {  // one branch a tile
-      case GemmOut::kBf16: sm90_w8a16_copy_out<__nv_bfloat16, false>(p, buf, bz, split, m0, col0); break;
-      case GemmOut::kF16: sm90_w8a16_copy_out<__half, false>(p, buf, bz, split, m0, col0); break;
-      default: sm90_w8a16_copy_out<float, false>(p, buf, bz, split, m0, col0); break;
+      case GemmOut::kBf16: sm90_w8a16_copy_out<__nv_bfloat16, false, S::kTokens>(p, buf, bz, split, m0, col0); break;
+      case GemmOut::kF16: sm90_w8a16_copy_out<__half, false, S::kTokens>(p, buf, bz, split, m0, col0); break;
+      default: sm90_w8a16_copy_out<float, false, S::kTokens>(p, buf, bz, split, m0, col0); break;
     }
   }
 #endif
