@@ -47,6 +47,7 @@ struct Sm90W8a16Shape {
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupTokens = 8;  // raster: token tiles that walk the weight tiles together
+  static constexpr int kRun = 4;          // stages between two drains of the wgmma pipe (even: fa, fb alternate)
   // The epilogue stages 2 x kTokens x 64 fp32 in the ring.
   static_assert(2 * kTokens * 64 * 4 <= kStages * kStageBytes, "the epilogue's staging must fit the ring");
 };
@@ -252,28 +253,28 @@ __global__ void __launch_bounds__(S::kThreads, 1)
   };
   const int n = kt1 - kt0;
   uint32_t fa[S::kSteps][4], fb[S::kSteps][4];  // a stage's fragments: even stages in fa, odd in fb
-  const uint8_t* s0 = n > 0 ? stage_ptr(0) : smem;
-  if (n > 0) sm90_w8a16_fragments<kF16, S>(s0, row, t, fa);
-  for (int i = 0; i < n; i += 2) {  // stages in pairs: no wgmma group in flight across iterations (ptxas C7514)
-    sm90_w8a16_stage_mma<kF16, S>(acc, fa, smem_addr(s0 + S::kWBytes), i > 0);
-    wgmma_commit();
-    if (i + 1 < n) {
-      const uint8_t* const s1 = stage_ptr(i + 1);
-      sm90_w8a16_fragments<kF16, S>(s1, row, t, fb);  // while stage i's wgmma run
-      sm90_w8a16_stage_mma<kF16, S>(acc, fb, smem_addr(s1 + S::kWBytes), true);
-      wgmma_commit();
-      wgmma_wait<1>();  // stage i's wgmma done: fa is free
-      release(i);
-      if (i + 2 < n) {
-        s0 = stage_ptr(i + 2);
-        sm90_w8a16_fragments<kF16, S>(s0, row, t, fa);  // while stage i + 1's wgmma run
+  if (n > 0) sm90_w8a16_fragments<kF16, S>(stage_ptr(0), row, t, fa);
+  // kRun stages an iteration, all wgmma groups retired at its end (a group in flight across iterations makes ptxas
+  // serialize every wgmma, C7514). Inside, stage u's wgmma run while stage u + 1's fragments are built into the
+  // other set (free once stage u - 1's group has retired); the last builds the next iteration's first.
+  for (int i = 0; i < n; i += S::kRun) {
+#pragma unroll
+    for (int u = 0; u < S::kRun; ++u) {
+      if (i + u < n) {
+        uint32_t(&f)[S::kSteps][4] = u % 2 == 0 ? fa : fb;
+        uint32_t(&next)[S::kSteps][4] = u % 2 == 0 ? fb : fa;
+        const uint8_t* const st = smem + ((i + u) % S::kStages) * S::kStageBytes;
+        sm90_w8a16_stage_mma<kF16, S>(acc, f, smem_addr(st + S::kWBytes), i + u > 0);
+        wgmma_commit();
+        if (u > 0) {
+          wgmma_wait<1>();  // stage i + u - 1's wgmma done: `next` is free
+          release(i + u - 1);
+        }
+        if (i + u + 1 < n) sm90_w8a16_fragments<kF16, S>(stage_ptr(i + u + 1), row, t, next);
       }
-      wgmma_wait<0>();
-      release(i + 1);
-    } else {
-      wgmma_wait<0>();
-      release(i);
     }
+    wgmma_wait<0>();
+    release(min(i + S::kRun, n) - 1);
   }
 #pragma unroll
   for (int h = 0; h < kH; ++h)
