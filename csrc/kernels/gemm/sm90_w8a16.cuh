@@ -47,7 +47,7 @@ struct Sm90W8a16Shape {
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupTokens = 8;  // raster: token tiles that walk the weight tiles together
-  static constexpr int kRun = 4;          // stages between two drains of the wgmma pipe (even: fa, fb alternate)
+  static constexpr int kRun = 256 / kBK;  // stages between two drains of the wgmma pipe (256 of K; even: fa, fb alternate)
   // The epilogue stages 2 x kTokens x 64 fp32 in the ring.
   static_assert(2 * kTokens * 64 * 4 <= kStages * kStageBytes, "the epilogue's staging must fit the ring");
 };
