@@ -13,10 +13,12 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
   `torch._scaled_mm` (fp8), `torch._int_mm` (w8a8, M > 16) and the portable plan (recipe 2, or recipe 1 past M = 16);
   microseconds, the built-in pick, and a result off the float64 reference by more than 2e-2 (relative) flagged.
   `stream90-quick`: the same at M = 1 and 16.
+- `w8a16-sm90`: recipes 7 and 8 (Hopper w8a16) at their splits over M in 32-4096 x NK against cuBLAS bf16 and the
+  portable plan; `w8a16-sm90-quick`: M = 256, 1024, 4096.
 - `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
   weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream|stream90|sm90|sm90-quick]
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream|stream90|sm90|sm90-quick|w8a16-sm90]
 """
 import statistics
 import sys
@@ -151,8 +153,9 @@ def sm90(quick: bool = False):
 
 
 def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
-    """EXPERIMENT: recipe 7 (w8a16 on wgmma) at splits 1, 2, 4 against cuBLAS bf16 on the bf16 weights and the
-    portable built-in plan; a result off the float64 reference by more than 2e-2 (relative) is flagged."""
+    """Recipes 7 (splits 1, 2, 4, 8) and 8 (1, 2, 4), Hopper w8a16, against cuBLAS bf16 on the bf16 weights, with the
+    portable built-in plan beside them; a result off the float64 reference by more than 2e-2 (relative) is
+    flagged. The input of SM90_W8A16_MODEL."""
     for m in ms:
         for n, k in NK:
             x = torch.randn(m, k, device="cuda").bfloat16()

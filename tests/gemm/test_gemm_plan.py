@@ -181,14 +181,16 @@ def test_sm90_plan_table(case):
 
 def test_sm90_plan_scope():
     """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 6 (the weight stream)
-    at the M of SM90_STREAM_BANDS; elsewhere (other layouts, w8a16, the M between) the plan is the portable one.
-    Batch-invariant: recipe 4 at every M, split from (N, K)."""
+    at the M of SM90_STREAM_BANDS, 7 / 8 for w8a16 at M > SMALL_M; elsewhere (other layouts, the M between, w8a16 at
+    M <= 16) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16 recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
         stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8, 17, 32)}.get(pair, ())  # test_sm90_stream_plan
         for m in (1, 8, 9, 16, 17, 32, 33, 64):
             plan = ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True)
             if m in stream_m:
                 assert plan[0] == ops.SM90_STREAM_RECIPE
+            elif pair == "w8a16" and m > ops.SMALL_M:
+                assert plan[0] in ops.SM90_W8A16_RECIPES
             else:
                 assert plan == ops.builtin_plan(m, 4096, 4096, pair, 132)
             assert ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, layout="nn") == \
@@ -196,7 +198,11 @@ def test_sm90_plan_scope():
         for layout in ("nn", "tn", "tt"):
             assert ops.builtin_plan(1024, 4096, 4096, pair, 132, sm90=True, layout=layout) == \
                 ops.builtin_plan(1024, 4096, 4096, pair, 132, layout=layout)
-    assert ops.builtin_plan(1024, 4096, 4096, "w8a16", 132, sm90=True) == ops.builtin_plan(1024, 4096, 4096, "w8a16", 132)
+    assert ops.builtin_plan(1024, 4096, 4096, "w8a16", 132, sm90=True) == (8, 1)
+    assert ops.builtin_plan(1024, 4096, 4096, "w8a16", 132)[0] not in ops.SM90_W8A16_RECIPES
+    for m in (17, 1024):  # batch-invariant w8a16: the weight stream at every M, as off a Hopper GPU
+        assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, sm90=True, batch_invariant=True) == \
+            ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True)
     assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}  # not w8a16
     for pair in ("w16a16", "w8a8", "fp8"):
         plans = {ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, batch_invariant=True) for m in (1, 65, 4096)}
@@ -217,6 +223,28 @@ SM90_STREAM_TABLE = {
     (8, 4096, 512, "w16a16"): 1,      # 8 K tiles
     (32, 2112, 16384, "fp8"): 2,      # 33 x 2 blocks (two of 16 rows): 132 CTAs
 }
+
+
+# (M, N, K) -> Hopper w8a16's plan on 132 SMs: the SM90_W8A16_MODEL's least cost, the best plan the H200 sweep timed
+# for that cell or within 1% of it (docs/results/2026-12-04_h200_w8a16_sm90_probe.txt).
+SM90_W8A16_TABLE = {
+    (32, 4096, 4096): (7, 4),     # 32 tiles: split to fill the SMs
+    (64, 14336, 4096): (7, 1),    # 112 tiles already
+    (128, 7168, 16384): (7, 2),
+    (256, 14336, 4096): (8, 1),   # 112 tiles of 256 tokens: one wave
+    (256, 2112, 7168): (8, 4),
+    (256, 24576, 1536): (7, 1),   # 384 tiles of 128 tokens; a split would leave 768 of K a slice
+    (1024, 4096, 4096): (8, 1),
+    (4096, 7168, 16384): (8, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SM90_W8A16_TABLE), ids=lambda c: "-".join(map(str, c)))
+def test_sm90_w8a16_plan(case):
+    m, n, k = case
+    assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True) == SM90_W8A16_TABLE[case]
+    assert ops.builtin_plan(m, n, k, "w8a16", 132)[0] not in ops.SM90_W8A16_RECIPES  # never off an H100 / H200
+    assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True, layout="nn")[0] not in ops.SM90_W8A16_RECIPES
 
 
 @pytest.mark.parametrize("case", sorted(SM90_STREAM_TABLE), ids=lambda c: "-".join(map(str, c)))
@@ -336,8 +364,10 @@ def test_data():
                                "tt": ("[K, M]", "[N, K]")}
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
         "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64),
-        "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256), "sm90_stream": (16, 64)}
+        "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256), "sm90_stream": (16, 64),
+        "sm90_w8a16": (128, 128), "sm90_w8a16_wide": (256, 128)}
     assert ops.SM90_RECIPES == (4, 5)
+    assert ops.SM90_W8A16_RECIPES == (7, 8)
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e5m2) is None

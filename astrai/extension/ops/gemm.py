@@ -139,14 +139,22 @@ SM90_SPLITS = (1, 2, 4, 8)
 # same sweep). Its split is the largest of SM90_STREAM_SPLITS whose
 # CTAs (64 weight rows a K slice, blocks of 16 token rows) fit one a SM and that keeps >= SM90_STREAM_MIN_K_TILES K
 # tiles (128 bytes of a weight row) a slice.
+# Hopper w8a16 (recipes 7 and 8, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
+# estimated time over SM90_SPLITS, the same form as SM90_MODEL on their one-tile-a-CTA grid (q = ceil(tiles * s /
+# num_sms) waves, k_tiles of 128 values): SM90_W8A16_MODEL = (stage_7, unit_7, stage_8, unit_8, split_cost), a
+# least-squares fit (relative error) to an H200 sweep of recipes 7 (splits 1, 2, 4, 8) and 8 (1, 2, 4) over M 32-4096
+# and the nine (N, K) of tests/bench/probe_gemm_plans.py (docs/results/2026-12-04_h200_w8a16_sm90_probe.txt): geomean
+# regret against the best timed plan 0.1%, worst 6%. Ahead of the portable plan at every timed cell from M = 64 on;
+# at M = 32 within 5% behind it in 3 of 9.
+SM90_W8A16_MODEL = (0.954, 5.76, 1.34, 9.84, 1.93)
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
 SM90_STREAM_SPLITS = (1, 2, 4)
 SM90_STREAM_ROWS = 64
 SM90_STREAM_MIN_K_TILES = 8
 SM90_MODEL = {"w16a16": (0.359, 4.22, 0.670, 7.73, 2.24), "fp8": (0.424, 4.05, None, None, 2.00),
               "w8a8": (0.352, 3.39, 0.629, 5.97, 2.29)}
-# ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4 and 5 (the portable
-# mainloop on an H100 / H200, for comparison); explicit plans still run them.
+# ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4-8 (the portable
+# kernels on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = "ASTRAI_GEMM_PORTABLE"
 
 
@@ -283,11 +291,12 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
     on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
-    `sm90=True` (the device runs recipes 4, 5 and 6: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
+    `sm90=True` (the device runs recipes 4-8: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule); every
     pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the
-    `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above.
+    `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
+    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7 or 8 (the `SM90_W8A16_MODEL`).
 
     Example
     -------
@@ -307,6 +316,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
         return SM90_STREAM_RECIPE, _sm90_stream_split(m, n, k, pair, num_sms)
     if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
+    if sm90 and layout == "nt" and pair == "w8a16":
+        return _sm90_w8a16_plan(m, n, k, num_sms)
     if sm90 and layout == "nt" and pair != "w8a16":
         if batch_invariant:  # the Hopper recipes sum K in their own order: the same recipe at every M
             return 4, _split_k(_tiles(1, n, 4), k, num_sms)
@@ -348,6 +359,25 @@ def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
 
 
 @functools.lru_cache(maxsize=4096)
+def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
+    """Hopper w8a16's (recipe, split) of least estimated time (SM90_W8A16_MODEL above); ties keep recipe 7 and the
+    smaller split."""
+    stage_7, unit_7, stage_8, unit_8, split_cost = SM90_W8A16_MODEL
+    k_tiles = _k_tiles(k, "w8a16")
+    best, best_cost = (7, 1), math.inf
+    for recipe, stage, unit in ((7, stage_7, unit_7), (8, stage_8, unit_8)):
+        for split in SM90_SPLITS:
+            if split > 1 and k // split < MIN_K_PER_SPLIT:
+                continue
+            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
+            cost = q * (stage * math.ceil(k_tiles / split) + unit)
+            if split > 1:
+                cost += split_cost * m * n * split / 1e6
+            if cost < best_cost:
+                best, best_cost = (recipe, split), cost
+    return best
+
+
 def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
     """The Hopper mainloop's (recipe, split) of least estimated time (the SM90_MODEL above); ties keep recipe 4
     and the smaller split."""
@@ -387,7 +417,7 @@ def _sm90_available(index: int) -> bool:
 
 
 def sm90_available(device: torch.device) -> bool:
-    """Whether the built-in plan may pick recipes 4, 5 and 6 on this CUDA device: compute capability 9.0, sm_90a code in
+    """Whether the built-in plan may pick recipes 4-8 on this CUDA device: compute capability 9.0, sm_90a code in
     the loaded image (not a PTX-only image such as ASTRAI_IMAGE=ptx80), and ASTRAI_GEMM_PORTABLE unset or 0. Read
     once per device index and process."""
     return _sm90_available(device.index if device.index is not None else torch.cuda.current_device())

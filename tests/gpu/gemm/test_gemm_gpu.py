@@ -65,9 +65,15 @@ def skip_if_blocked(ta):
 
 def skip_if_no_recipe(recipe, ta, tb):
     """Recipes 4 and 5 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the image,
-    recipe 6 (the sm_90a weight stream) every pair there (test_sm90_recipes_refused covers the messages)."""
+    recipe 6 (the sm_90a weight stream) every pair there, recipes 7 and 8 w8a16 only (test_sm90_recipes_refused and
+    test_sm90_w8a16_refused cover the messages)."""
     if recipe == ops.SM90_STREAM_RECIPE and not ops.sm90_available(torch.device(DEVICE)):
         pytest.skip("recipe 6 needs an sm_90 GPU and sm_90a code in the image")
+    if recipe in ops.SM90_W8A16_RECIPES:
+        if not ops.sm90_available(torch.device(DEVICE)):
+            pytest.skip("recipes 7 and 8 need an sm_90 GPU and sm_90a code in the image")
+        if not (tb == torch.int8 and ta in (torch.bfloat16, torch.float16)):
+            pytest.skip("recipes 7 and 8 run w8a16 only")
     if recipe in ops.SM90_RECIPES:
         if not ops.sm90_available(torch.device(DEVICE)):
             pytest.skip("recipes 4 and 5 need an sm_90 GPU and sm_90a code in the image")
@@ -414,6 +420,72 @@ def test_sm90_stream_builtin_plan_and_refusals():
         ops.quant_gemm(a16, b16, plan=(6, 9))
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 6 .*layout nt only"):
         ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(6, 1))
+
+
+# --- recipes 7 and 8: Hopper w8a16 ---------------------------------------------------------------------------------
+
+# (B, M, N, K, split): tiles past M and N (N off 4 columns: the scalar tail of the copy-out), K off the 64 / 128 of a
+# stage, several waves of CTAs, a split with empty slices, batches with either operand broadcast.
+SM90_W8A16_CASES = [(1, 1, 200, 272, 1), (1, 300, 1030, 1040, 1), (1, 513, 4100, 2064, 3), (3, 130, 260, 784, 2),
+                    (2, 257, 129, 400, 8)]
+
+
+@pytest.mark.parametrize("recipe", ops.SM90_W8A16_RECIPES)
+@pytest.mark.parametrize("ta", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("case", SM90_W8A16_CASES, ids=lambda c: "B{}-M{}-N{}-K{}-s{}".format(*c))
+def test_sm90_w8a16_matches_float64(recipe, ta, case):
+    """Per-channel scales and bias into a poisoned output of each dtype: every element written, against float64
+    (bf16 / fp16 outputs within their rounding), batch 3 with b broadcast and batch 2 with a broadcast."""
+    skip_if_no_recipe(recipe, ta, torch.int8)
+    B, m, n, k, split = case
+    a = operand(ta, (B, m, k) if B == 3 else (m, k))  # B = 2: a broadcast
+    b = operand(torch.int8, (B, n, k) if B == 2 else (n, k))  # B = 3: b broadcast
+    sb, bias = torch.rand(n, device=DEVICE) + 0.5, torch.randn(n, device=DEVICE).to(ta)
+    want = reference(a, b, b_scale=sb, bias=bias)
+    for out_dtype, bound in ((torch.float32, 1e-5), (ta, 1e-2)):
+        out = torch.full(want.shape, float("nan"), device=DEVICE, dtype=out_dtype)
+        ops.quant_gemm(a, b, b_scale=sb, bias=bias, out=out, plan=(recipe, split))
+        assert torch.isfinite(out).all() and rel_error(out, want) < bound, (out_dtype, rel_error(out, want))
+
+
+@pytest.mark.parametrize("recipe", ops.SM90_W8A16_RECIPES)
+def test_sm90_w8a16_exact_repeatable_graph(recipe):
+    """Small integers (exact in fp32): equal to the integer reference; repeated calls and a CUDA-graph replay
+    bitwise equal; the poison control detects a one-element change."""
+    skip_if_no_recipe(recipe, torch.bfloat16, torch.int8)
+    m, n, k = 300, 520, 1088
+    a, b = operand(torch.bfloat16, (m, k), small=True), operand(torch.int8, (n, k), small=True)
+    ones = torch.ones(n, device=DEVICE)
+    y = ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(recipe, 2))
+    assert torch.equal(y.double(), reference(a, b))
+    assert_detects_perturbation(y)
+    assert_bitwise_equal(ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(recipe, 2)), y, "repeat")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(recipe, 2))
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(recipe, 2))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, y, "graph replay")
+
+
+def test_sm90_w8a16_builtin_plan_and_refusals():
+    """At M > 16 in layout nt the built-in w8a16 plan is recipe 7 or 8 on an H100 / H200 with sm_90a code; other
+    pairs and layouts are refused before launch, naming the op and the reason."""
+    a16, b8 = operand(torch.bfloat16, (64, 256)), operand(torch.int8, (96, 256))
+    sb = torch.rand(96, device=DEVICE) + 0.5
+    if not ops.sm90_available(torch.device(DEVICE)):
+        with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7 and 8"):
+            ops.quant_gemm(a16, b8, b_scale=sb, plan=(7, 1))
+        return
+    assert ops.plan_for(a16, b8, 0, False)[0] in ops.SM90_W8A16_RECIPES
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7 and 8 run w8a16 only"):
+        ops.quant_gemm(a16, operand(torch.bfloat16, (96, 256)), plan=(8, 1))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7 and 8 .*layout nt only"):
+        ops.quant_gemm(a16, b8.t().contiguous(), b_scale=sb, layout="nn", plan=(7, 1))
 
 
 # --- layouts nn, tn, tt --------------------------------------------------------------------------------------
