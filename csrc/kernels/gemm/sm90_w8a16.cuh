@@ -111,14 +111,15 @@ __device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int 
 template <bool kF16, class S>
 __device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kTokens / 128][64], const uint32_t (&f)[S::kSteps][4],
                                                      uint32_t x_tile, bool accumulate) {
+  const uint64_t desc = wgmma_desc_sw128(x_tile, 16, 1024);  // one descriptor, constant offsets (no per-wgmma math)
   wgmma_fence();
 #pragma unroll
   for (int j = 0; j < S::kSteps; ++j)
 #pragma unroll
     for (int h = 0; h < S::kTokens / 128; ++h) {
       // Token rows 128 h.. of box j / 4 (64 K a box), 32 bytes of K a step inside its 128-byte rows.
-      const uint32_t at = x_tile + (j / 4) * S::kXBoxBytes + h * 128 * 128 + (j % 4) * 32;
-      wgmma_m64n128k16_rs<kF16>(acc[h], f[j], wgmma_desc_sw128(at, 16, 1024), accumulate || j > 0);
+      const uint32_t at = (j / 4) * S::kXBoxBytes + h * 128 * 128 + (j % 4) * 32;
+      wgmma_m64n128k16_rs<kF16>(acc[h], f[j], wgmma_desc_sw128_add(desc, at), accumulate || j > 0);
     }
 }
 
@@ -138,26 +139,37 @@ __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const f
     base = static_cast<Out*>(p.out) + bz * p.out_batch_stride;
     row_stride = p.out_row_stride;
   }
-#pragma unroll 4
+  // A thread copies units tid % 16 of rows tid / 16 + 8 i: the same 4 columns in every row, so their scales and
+  // bias are read once.
+  const int u = tid % 16, col = col0 + 4 * u;
+  if (col >= p.n) return;
+  const int cols = min(4, p.n - col), rows = min(kTokens, p.m - m0);
+  float sb[4] = {1.f, 1.f, 1.f, 1.f}, bias[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (!kPartial) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = min(col + e, p.n - 1);  // lanes past N are computed but not stored
+      if (p.b_scale) sb[e] = p.b_scale[p.b_scale_per_col ? c : 0];
+      if (p.bias_dtype != GemmBias::kNone) bias[e] = bias_at(p, c);
+    }
+  }
+  // Every row's 4 columns start 4-element aligned when the first row's do and the row stride keeps them so.
+  const bool vector =
+      cols == 4 && row_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base + col) % (4 * sizeof(Out))) == 0;
+#pragma unroll 8
   for (int i = 0; i < kTokens / 8; ++i) {
-    const int q = tid + 128 * i, r = q / 16, u = q % 16;
-    const int tok = m0 + r, col = col0 + 4 * u;
-    if (tok >= p.m || col >= p.n) continue;
+    const int r = tid / 16 + 8 * i;
+    if (r >= rows) break;
+    const int tok = m0 + r;
     const float4 v4 = *reinterpret_cast<const float4*>(buf + r * 64 + ((u ^ (((r >> 1) & 3) << 1)) * 4));
     float v[4] = {v4.x, v4.y, v4.z, v4.w};
-    const int cols = min(4, p.n - col);
     if constexpr (!kPartial) {
       const float sa = p.a_scale ? p.a_scale[p.a_scale_per_row ? tok : 0] : 1.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = min(col + e, p.n - 1);  // lanes past N are computed but not stored
-        v[e] *= sa;
-        if (p.b_scale) v[e] *= p.b_scale[p.b_scale_per_col ? c : 0];
-        if (p.bias_dtype != GemmBias::kNone) v[e] += bias_at(p, c);
-      }
+      for (int e = 0; e < 4; ++e) v[e] = v[e] * sa * sb[e] + bias[e];
     }
     Out* const dst = base + int64_t(tok) * row_stride + col;
-    if (cols == 4 && (reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(Out))) == 0) {
+    if (vector) {
       if constexpr (std::is_same<Out, float>::value) {
         *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
       } else if constexpr (std::is_same<Out, __half>::value) {
