@@ -54,7 +54,8 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
   if (recipe == kGemmSm90W8a16Recipe || recipe == kGemmSm90W8a16WideRecipe) {
     if (layout != GemmLayout::kNT) return "recipes 7 and 8 (the sm_90a w8a16 kernels) run layout nt only";
     if (pair != GemmPair::kBf16S8 && pair != GemmPair::kF16S8) return "recipes 7 and 8 run w8a16 only";
-    return sm90_unsupported("recipes 7 and 8 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU (H100 / H200)",
+    return sm90_unsupported("recipes 7 and 8 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
+                            "(H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipes 7 and 8 need it): use recipes 0-3");
   }
   if (recipe == kGemmSm90StreamRecipe) {

@@ -18,8 +18,8 @@ namespace astrai {
 namespace gemm {
 
 // A K-major operand [batch][rows][k] as a 3-D map (k, rows, batch) in boxes of one K tile of box_bytes (128 or 64) x
-// box_rows rows, swizzled by the same width, zeros past the edges. A broadcast operand (batch stride 0) gets one batch. False where TMA
-// cannot describe it (a base address or stride not a multiple of 16 bytes).
+// box_rows rows, swizzled by the same width, zeros past the edges. A broadcast operand (batch stride 0) gets one
+// batch. False where TMA cannot describe it (a base address or stride not a multiple of 16 bytes).
 inline bool sm90_k_major_map(CUtensorMap* map, CUtensorMapDataType type, int elt_bytes, const void* base, int rows,
                              int k, int64_t row_stride, int batch, int64_t batch_stride, int box_rows,
                              int box_bytes = 128) {

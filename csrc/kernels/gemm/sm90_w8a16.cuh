@@ -47,7 +47,7 @@ struct Sm90W8a16Shape {
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupTokens = 8;  // raster: token tiles that walk the weight tiles together
-  static constexpr int kRun = 256 / kBK;  // stages between two drains of the wgmma pipe (256 of K; even: fa, fb alternate)
+  static constexpr int kRun = 256 / kBK;  // stages between drains of the wgmma pipe: 256 of K (even: fa, fb alternate)
   // The epilogue stages 2 x kTokens x 64 fp32 in the ring.
   static_assert(2 * kTokens * 64 * 4 <= kStages * kStageBytes, "the epilogue's staging must fit the ring");
 };
@@ -83,7 +83,7 @@ __device__ __forceinline__ uint32_t sm90_w8a16_expand(uint32_t u) {
   }
 }
 
-// The A fragments of one stage (eight k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows:
+// The A fragments of one stage (kSteps k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows:
 // a 16-byte shared load a row and step (the quad's four lanes read the same chunk), then one byte permute puts
 // bytes 2t and 2t + 1 of the chunk's first 8 bytes in the low bytes of two 16-bit lanes (and one bytes 2t + 8,
 // 2t + 9 from the last 8), and the expansion.
@@ -109,8 +109,9 @@ __device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int 
 // One stage's wgmma: for each k16 step and each 128 tokens h, acc[h] (64 weights x 128 tokens) += the step's
 // fragment x the step's 16 K of tokens 128 h .. 128 h + 127; scale-d 0 on a fresh tile.
 template <bool kF16, class S>
-__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kTokens / 128][64], const uint32_t (&f)[S::kSteps][4],
-                                                     uint32_t x_tile, bool accumulate) {
+__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kTokens / 128][64],
+                                                     const uint32_t (&f)[S::kSteps][4], uint32_t x_tile,
+                                                     bool accumulate) {
   const uint64_t desc = wgmma_desc_sw128(x_tile, 16, 1024);  // one descriptor, constant offsets (no per-wgmma math)
   wgmma_fence();
 #pragma unroll
@@ -239,7 +240,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
         tma_load_3d(smem_addr(stage), &map_w, &full[s], kt * S::kBK, n0, zw);
 #pragma unroll
         for (int b = 0; b < S::kBK / 64; ++b)
-          tma_load_3d(smem_addr(stage + S::kWBytes + b * S::kXBoxBytes), &map_x, &full[s], kt * S::kBK + 64 * b, m0, zx);
+          tma_load_3d(smem_addr(stage + S::kWBytes + b * S::kXBoxBytes), &map_x, &full[s], kt * S::kBK + 64 * b, m0,
+                      zx);
       }
     }
     return;
