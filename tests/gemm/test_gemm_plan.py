@@ -233,7 +233,7 @@ SM90_W8A16_TABLE = {
     (128, 7168, 16384): (7, 2),
     (256, 14336, 4096): (8, 1),   # 112 tiles of 256 tokens: one wave
     (256, 2112, 7168): (8, 4),
-    (256, 24576, 1536): (7, 1),   # 384 tiles of 128 tokens; a split would leave 768 of K a slice
+    (256, 24576, 1536): (8, 1),   # 192 tiles of 256 tokens; a split would leave 768 of K a slice
     (1024, 4096, 4096): (8, 1),
     (4096, 7168, 16384): (8, 1),
 }
