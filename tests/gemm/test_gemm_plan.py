@@ -257,11 +257,12 @@ def test_sm90_stream_plan(case):
 
 
 def test_sm90_available_off_a_gpu():
-    """No CUDA device here (tier 0): the built-in plan never picks recipes 4 and 5 through plan_for."""
+    """No CUDA device here (tier 0): the built-in plan never picks recipes 4-8 through plan_for."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible")
     a, b = torch.zeros(1024, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
     assert ops.plan_for(a, b, 0, False) == (0, 1)
+    assert ops.plan_for(a, torch.zeros(64, 64, dtype=torch.int8), 0, False)[0] not in ops.SM90_W8A16_RECIPES
 
 
 def test_builtin_plan_rejects():
