@@ -358,33 +358,13 @@ def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
     return best
 
 
-@functools.lru_cache(maxsize=4096)
-def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
-    """Hopper w8a16's (recipe, split) of least estimated time (SM90_W8A16_MODEL above); ties keep recipe 7 and the
-    smaller split."""
-    stage_7, unit_7, stage_8, unit_8, split_cost = SM90_W8A16_MODEL
-    k_tiles = _k_tiles(k, "w8a16")
-    best, best_cost = (7, 1), math.inf
-    for recipe, stage, unit in ((7, stage_7, unit_7), (8, stage_8, unit_8)):
-        for split in SM90_SPLITS:
-            if split > 1 and k // split < MIN_K_PER_SPLIT:
-                continue
-            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
-            cost = q * (stage * math.ceil(k_tiles / split) + unit)
-            if split > 1:
-                cost += split_cost * m * n * split / 1e6
-            if cost < best_cost:
-                best, best_cost = (recipe, split), cost
-    return best
-
-
-def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
-    """The Hopper mainloop's (recipe, split) of least estimated time (the SM90_MODEL above); ties keep recipe 4
-    and the smaller split."""
-    stage_4, unit_4, stage_5, unit_5, split_cost = SM90_MODEL[pair]
+def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, split_cost: float) -> tuple[int, int]:
+    """The (recipe, split) of least estimated time over `recipes` ((recipe, stage, unit), a None stage skipped) and
+    SM90_SPLITS: q * (stage * ceil(k_tiles / s) + unit) + split_cost * M * N * s / 1e6 (the SM90_MODEL form); ties
+    keep the first recipe and the smaller split."""
     k_tiles = _k_tiles(k, pair)
-    best, best_cost = (4, 1), math.inf
-    for recipe, stage, unit in ((4, stage_4, unit_4), (5, stage_5, unit_5)):
+    best, best_cost = (recipes[0][0], 1), math.inf
+    for recipe, stage, unit in recipes:
         if stage is None:
             continue
         for split in SM90_SPLITS:
@@ -397,6 +377,20 @@ def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, in
             if cost < best_cost:
                 best, best_cost = (recipe, split), cost
     return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
+    """Hopper w8a16's (recipe, split): recipes 7 and 8 by SM90_W8A16_MODEL."""
+    stage_7, unit_7, stage_8, unit_8, split_cost = SM90_W8A16_MODEL
+    return _least_cost_plan(m, n, k, "w8a16", num_sms, ((7, stage_7, unit_7), (8, stage_8, unit_8)), split_cost)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
+    """The Hopper mainloop's (recipe, split): recipes 4 and 5 by SM90_MODEL[pair] (fp8: 4 only)."""
+    stage_4, unit_4, stage_5, unit_5, split_cost = SM90_MODEL[pair]
+    return _least_cost_plan(m, n, k, pair, num_sms, ((4, stage_4, unit_4), (5, stage_5, unit_5)), split_cost)
 
 
 @functools.lru_cache(maxsize=None)

@@ -81,22 +81,28 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
 #endif
 }
 
+// The rs-form m64n128k16 wgmma into fp32 accumulators d from A fragment a (registers) and B descriptor desc_b, d
+// kept where accumulate: `types` the A / B type suffix ("bf16.bf16"), `trans_b` B's transpose immediate ("1": B
+// MN-major).
+#define ASTRAI_WGMMA_M64N128K16_RS(types, trans_b)                                         \
+  asm volatile(                                                                             \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                         \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." types " "                              \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "             \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "    \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "    \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "   \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, " trans_b ";\n}\n"                               \
+      : ASTRAI_WGMMA_D64(d)                                                                 \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
+
 // D (64 x 128 fp32) = A (64 x 16 bf16, registers) B (16 x 128, shared, MN-major: rows of N along K) + D if
 // accumulate. a holds the mma.sync m16n8k16 A fragment of this warp's 16 rows: {A[g][2t..], A[g+8][2t..],
 // A[g][2t+8..], A[g+8][2t+8..]} as bf16x2. The registers must stay unchanged until the group completes.
 __device__ __forceinline__ void wgmma_m64n128k16_rs_tnspb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
                                                           bool accumulate) {
 #if ASTRAI_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : ASTRAI_WGMMA_D64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)));
+  ASTRAI_WGMMA_M64N128K16_RS("bf16.bf16", "1");
 #endif
 }
 
@@ -108,29 +114,12 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
                                                     bool accumulate) {
 #if ASTRAI_WGMMA
   if constexpr (kF16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : ASTRAI_WGMMA_D64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)));
+    ASTRAI_WGMMA_M64N128K16_RS("f16.f16", "0");
   } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : ASTRAI_WGMMA_D64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)));
+    ASTRAI_WGMMA_M64N128K16_RS("bf16.bf16", "0");
   }
 #endif
 }
+#undef ASTRAI_WGMMA_M64N128K16_RS
 
 }  // namespace astrai
