@@ -12,13 +12,13 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
   over NK, weights rotated past the L2, beside cuBLAS bf16 `F.linear` on bf16 weights (every pair), tensorwise
   `torch._scaled_mm` (fp8), `torch._int_mm` (w8a8, M > 16) and the portable plan (recipe 2, or recipe 1 past M = 16);
   microseconds, the built-in pick, and a result off the float64 reference by more than 2e-2 (relative) flagged.
-  `stream90-quick`: the same at M = 1 and 16.
-- `w8a16-sm90`: recipes 7 and 8 (Hopper w8a16) at their splits over M in 32-4096 x NK against cuBLAS bf16 and the
-  portable plan; `w8a16-sm90-quick`: M = 256, 1024, 4096.
+  `stream90-quick`: the same at M = 1 and 16; `stream90-w8a16`: w8a16 alone at M = 1, 8, 16, 32.
+- `w8a16-sm90`: recipes 7, 8 and 9 (Hopper w8a16) at their splits over M in 32-4096 x NK against cuBLAS bf16 and the
+  portable plan; `w8a16-sm90-quick`: M = 256, 1024, 4096; `w8a16-sm90-small`: M = 17, 24, 48, 96.
 - `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
   weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream|stream90|sm90|sm90-quick|w8a16-sm90]
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream|stream90|sm90|sm90-quick|w8a16-sm90[-quick|-small]]
 """
 import statistics
 import sys
@@ -82,7 +82,7 @@ def stream():
                   + "  ".join(row), flush=True)
 
 
-def stream90(ms=(1, 8, 16, 32, 64), nks=NK):
+def stream90(ms=(1, 8, 16, 32, 64), nks=NK, pairs=("w16a16", "w8a16", "w8a8", "fp8")):
     e4 = torch.float8_e4m3fn
     one = torch.ones((), device="cuda")
     for n, k in nks:
@@ -104,6 +104,8 @@ def stream90(ms=(1, 8, 16, 32, 64), nks=NK):
                      ("fp8", xf, wf, one.reshape(1), one.reshape(1), torch.bfloat16,
                       {"scaled_mm": lambda w: torch._scaled_mm(xf, w.t(), one, one, out_dtype=torch.bfloat16)})]
             for name, x, ws, a_s, b_s, out, extra in cases:
+                if name not in pairs:
+                    continue
                 row = [f"bf16 {bf16:.2f}"] + [f"{key} {us(fn, ws, 20):.2f}" for key, fn in extra.items()]
                 portable = ops.builtin_plan(m, n, k, name, NUM_SMS)
                 t = us(lambda w: op(x, w, a_s, b_s, None, out, 0, *portable), ws, 20)
@@ -153,7 +155,7 @@ def sm90(quick: bool = False):
 
 
 def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
-    """Recipes 7 (splits 1, 2, 4, 8) and 8 (1, 2, 4), Hopper w8a16, against cuBLAS bf16 on the bf16 weights, with the
+    """Recipes 7 and 9 (splits 1, 2, 4, 8) and 8 (1, 2, 4), Hopper w8a16, against cuBLAS bf16 on the bf16 weights, with the
     portable built-in plan beside them; a result off the float64 reference by more than 2e-2 (relative) is
     flagged. The input of SM90_W8A16_MODEL."""
     for m in ms:
@@ -167,7 +169,7 @@ def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
             anchor = us(lambda s: F.linear(s[0], s[2]), sets)
             portable = ops.builtin_plan(m, n, k, "w8a16", NUM_SMS)
             row = [f"r{portable[0]}/{portable[1]} {anchor / us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, *portable), sets):.3f}"]
-            for recipe, split in ((7, 1), (7, 2), (7, 4), (7, 8), (8, 1), (8, 2), (8, 4)):
+            for recipe, split in ((7, 1), (7, 2), (7, 4), (7, 8), (8, 1), (8, 2), (8, 4), (9, 1), (9, 2), (9, 4), (9, 8)):
                 got = op(x, w, None, sb, None, torch.bfloat16, 0, recipe, split).double()
                 err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
                 t = us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, recipe, split), sets)
@@ -176,5 +178,5 @@ def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
 
 
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90, "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096))}[
+    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "stream90-w8a16": lambda: stream90(ms=(1, 8, 16, 32), pairs=("w8a16",)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90, "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096)), "w8a16-sm90-small": lambda: w8a16_sm90(ms=(17, 24, 48, 96))}[
         sys.argv[1] if len(sys.argv) > 1 else "grid"]()

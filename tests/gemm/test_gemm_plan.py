@@ -181,7 +181,7 @@ def test_sm90_plan_table(case):
 
 def test_sm90_plan_scope():
     """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 6 (the weight stream)
-    at the M of SM90_STREAM_BANDS, 7 / 8 for w8a16 at M > SMALL_M; elsewhere (other layouts, the M between, w8a16 at
+    at the M of SM90_STREAM_BANDS, 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other layouts, the M between, w8a16 at
     M <= 16) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16 recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
         stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8, 17, 32)}.get(pair, ())  # test_sm90_stream_plan
@@ -226,10 +226,14 @@ SM90_STREAM_TABLE = {
 
 
 # (M, N, K) -> Hopper w8a16's plan on 132 SMs: the SM90_W8A16_MODEL's least cost, the best plan the H200 sweep timed
-# for that cell or within 1% of it (docs/results/2026-12-04_h200_w8a16_sm90_probe.txt).
+# for that cell (docs/results/2026-12-04_h200_w8a16_narrow_probe.txt).
 SM90_W8A16_TABLE = {
-    (32, 4096, 4096): (7, 4),     # 32 tiles: split to fill the SMs
-    (64, 14336, 4096): (7, 1),    # 112 tiles already
+    (17, 4096, 4096): (9, 4),     # 64 tokens a CTA from M = 17: 32 tiles, split to fill the SMs
+    (24, 24576, 1536): (9, 1),    # 192 tiles already
+    (32, 4096, 4096): (9, 4),
+    (48, 2112, 7168): (9, 4),
+    (64, 14336, 4096): (9, 1),    # 112 tiles
+    (96, 7168, 2048): (9, 1),     # two tiles of 64 tokens
     (128, 7168, 16384): (7, 2),
     (256, 14336, 4096): (8, 1),   # 112 tiles of 256 tokens: one wave
     (256, 2112, 7168): (8, 4),
@@ -366,9 +370,9 @@ def test_data():
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
         "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64),
         "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256), "sm90_stream": (16, 64),
-        "sm90_w8a16": (128, 128), "sm90_w8a16_wide": (256, 128)}
+        "sm90_w8a16": (128, 128), "sm90_w8a16_wide": (256, 128), "sm90_w8a16_narrow": (64, 128)}
     assert ops.SM90_RECIPES == (4, 5)
-    assert ops.SM90_W8A16_RECIPES == (7, 8)
+    assert ops.SM90_W8A16_RECIPES == (7, 8, 9)
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e5m2) is None
@@ -509,7 +513,7 @@ def _bad_calls():
         ("int32_scaled", t(4, 64, dtype=s8), t(8, 64, dtype=s8), rows, one, None, torch.int32, 0, 0, 1,
          r"out_dtype int32 returns the raw int32 accumulators"),
         ("out_dtype", t(4, 64), t(8, 64), None, None, None, torch.int32, 0, 0, 1, r"out_dtype must be bfloat16"),
-        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 9, 1, r"recipe must be in \[0, "),
+        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 10, 1, r"recipe must be in \[0, "),
         ("split_k", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 0, r"split_k must be in \[1, 64\], got 0"),
         ("cpu", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 1, r"a must be a CUDA tensor, got cpu"),
     ]

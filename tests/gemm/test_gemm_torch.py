@@ -216,8 +216,8 @@ def test_validation_out_and_layout():
         quant_gemm(a, b, layout="xt", path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: path must be one of"):
         quant_gemm(a, b, path="cublas", **kw)
-    with pytest.raises(ValueError, match=r"^quant_gemm: plan's recipe must be one of .*got 9"):
-        quant_gemm(a, b, plan=(9, 1), path="torch", **kw)
+    with pytest.raises(ValueError, match=r"^quant_gemm: plan's recipe must be one of .*got 10"):
+        quant_gemm(a, b, plan=(10, 1), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got 0"):
         quant_gemm(a, b, plan=(0, 0), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be <= 8 for recipe 6 .*got 9"):

@@ -81,15 +81,16 @@ RECIPES = {
     # into a shared-memory ring, mma.sync; layout "nt", every pair, same devices as 4 and 5; split_k <= 8 (its K
     # slices are one cluster of CTAs, summed in rank order inside it: no workspace).
     6: Recipe("sm90_stream", 16, 64),
-    # 7, 8: Hopper w8a16 on wgmma (csrc/kernels/gemm/sm90_w8a16.cuh): the int8 weights expanded in registers as
-    # wgmma's A operand, the activations its B operand from TMA; 128 or 256 token rows x 128 weight rows; layout "nt",
-    # w8a16 only, same devices as 4 and 5; split_k through the workspace and the ordered reduce.
+    # 7, 8, 9: Hopper w8a16 on wgmma (csrc/kernels/gemm/sm90_w8a16.cuh): the int8 weights expanded in registers as
+    # wgmma's A operand, the activations its B operand from TMA; 128, 256 or 64 token rows x 128 weight rows; layout
+    # "nt", w8a16 only, same devices as 4 and 5; split_k through the workspace and the ordered reduce.
     7: Recipe("sm90_w8a16", 128, 128),
     8: Recipe("sm90_w8a16_wide", 256, 128),
+    9: Recipe("sm90_w8a16_narrow", 64, 128),  # M <= 64: m64n64 wgmma, no work on rows past M
 }
 SM90_RECIPES = (4, 5)  # the wgmma mainloop
 SM90_STREAM_RECIPE = 6
-SM90_W8A16_RECIPES = (7, 8)  # Hopper w8a16 on wgmma
+SM90_W8A16_RECIPES = (7, 8, 9)  # Hopper w8a16 on wgmma
 SM90_STREAM_MAX_SPLIT = 8  # its K slices are the CTAs of one cluster (the portable cluster size)
 
 # The built-in plan's constants (see builtin_plan).
@@ -139,21 +140,21 @@ SM90_SPLITS = (1, 2, 4, 8)
 # same sweep). Its split is the largest of SM90_STREAM_SPLITS whose
 # CTAs (64 weight rows a K slice, blocks of 16 token rows) fit one a SM and that keeps >= SM90_STREAM_MIN_K_TILES K
 # tiles (128 bytes of a weight row) a slice.
-# Hopper w8a16 (recipes 7 and 8, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
+# Hopper w8a16 (recipes 7, 8 and 9, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
 # estimated time over SM90_SPLITS, the same form as SM90_MODEL on their one-tile-a-CTA grid (q = ceil(tiles * s /
-# num_sms) waves, k_tiles of 128 values): SM90_W8A16_MODEL = (stage_7, unit_7, stage_8, unit_8, split_cost), a
-# least-squares fit (relative error) to an H200 sweep of recipes 7 (splits 1, 2, 4, 8) and 8 (1, 2, 4) over M 32-4096
-# and the nine (N, K) of tests/bench/probe_gemm_plans.py (docs/results/2026-12-04_h200_w8a16_sm90_probe.txt): geomean
-# regret against the best timed plan 0.2%, worst 7%. Ahead of the portable plan at every timed cell from M = 64 on;
-# at M = 32 within 5% behind it in 2 of 9.
-SM90_W8A16_MODEL = (0.946, 4.909, 1.275, 8.365, 2.48)
+# num_sms) waves, k_tiles of 128 values): SM90_W8A16_MODEL = (stage_7, unit_7, stage_8, unit_8, stage_9, unit_9,
+# split_cost), a least-squares fit (relative error, non-negative) to an H200 sweep of recipes 7 and 9 (splits 1, 2, 4,
+# 8) and 8 (1, 2, 4) over M 17-4096 and the nine (N, K) of tests/bench/probe_gemm_plans.py
+# (docs/results/2026-12-04_h200_w8a16_narrow_probe.txt): geomean regret against the best timed plan 0.2%, worst 8%.
+# Recipe 9 (64 tokens) is its pick up to M = 96; ahead of the portable plan at every timed cell.
+SM90_W8A16_MODEL = (0.908, 5.846, 1.238, 8.958, 0.687, 3.996, 2.113)
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
 SM90_STREAM_SPLITS = (1, 2, 4)
 SM90_STREAM_ROWS = 64
 SM90_STREAM_MIN_K_TILES = 8
 SM90_MODEL = {"w16a16": (0.359, 4.22, 0.670, 7.73, 2.24), "fp8": (0.424, 4.05, None, None, 2.00),
               "w8a8": (0.352, 3.39, 0.629, 5.97, 2.29)}
-# ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4-8 (the portable
+# ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4-9 (the portable
 # kernels on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = "ASTRAI_GEMM_PORTABLE"
 
@@ -291,12 +292,12 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
     on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
-    `sm90=True` (the device runs recipes 4-8: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
+    `sm90=True` (the device runs recipes 4-9: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule); every
     pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the
     `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
-    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7 or 8 (the `SM90_W8A16_MODEL`).
+    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`).
 
     Example
     -------
@@ -381,9 +382,10 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
-    """Hopper w8a16's (recipe, split): recipes 7 and 8 by SM90_W8A16_MODEL."""
-    stage_7, unit_7, stage_8, unit_8, split_cost = SM90_W8A16_MODEL
-    return _least_cost_plan(m, n, k, "w8a16", num_sms, ((7, stage_7, unit_7), (8, stage_8, unit_8)), split_cost)
+    """Hopper w8a16's (recipe, split): recipes 7, 8 and 9 by SM90_W8A16_MODEL."""
+    stage_7, unit_7, stage_8, unit_8, stage_9, unit_9, split_cost = SM90_W8A16_MODEL
+    return _least_cost_plan(m, n, k, "w8a16", num_sms,
+                            ((7, stage_7, unit_7), (8, stage_8, unit_8), (9, stage_9, unit_9)), split_cost)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -411,7 +413,7 @@ def _sm90_available(index: int) -> bool:
 
 
 def sm90_available(device: torch.device) -> bool:
-    """Whether the built-in plan may pick recipes 4-8 on this CUDA device: compute capability 9.0, sm_90a code in
+    """Whether the built-in plan may pick recipes 4-9 on this CUDA device: compute capability 9.0, sm_90a code in
     the loaded image (not a PTX-only image such as ASTRAI_IMAGE=ptx80), and ASTRAI_GEMM_PORTABLE unset or 0. Read
     once per device index and process."""
     return _sm90_available(device.index if device.index is not None else torch.cuda.current_device())

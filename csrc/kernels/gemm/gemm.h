@@ -9,13 +9,17 @@ namespace astrai {
 
 // Tile recipes by the id the planner passes (docs/contracts.md, GEMM ops): 0-3 the portable mma.sync mainloop, 4
 // and 5 the Hopper wgmma + TMA mainloop (sm_90 GPUs with sm_90a code in the image, layout nt, every pair but w8a16),
-// 6 the Hopper weight stream (same devices and layout, every pair; small M), 7 and 8 Hopper w8a16 on wgmma (same
-// devices and layout, w8a16 only; 128 weight rows x 128 or 256 tokens).
-constexpr int kGemmRecipes = 9;
+// 6 the Hopper weight stream (same devices and layout, every pair; small M), 7, 8 and 9 Hopper w8a16 on wgmma (same
+// devices and layout, w8a16 only; 128 weight rows x 128, 256 or 64 tokens).
+constexpr int kGemmRecipes = 10;
 constexpr int kGemmFirstSm90Recipe = 4;
 constexpr int kGemmSm90StreamRecipe = 6;
 constexpr int kGemmSm90W8a16Recipe = 7;
 constexpr int kGemmSm90W8a16WideRecipe = 8;
+constexpr int kGemmSm90W8a16NarrowRecipe = 9;
+constexpr bool gemm_is_sm90_w8a16(int recipe) {
+  return recipe == kGemmSm90W8a16Recipe || recipe == kGemmSm90W8a16WideRecipe || recipe == kGemmSm90W8a16NarrowRecipe;
+}
 // Recipe 6 runs its K slices as the CTAs of one cluster: at most the portable cluster size.
 constexpr int kGemmSm90StreamMaxSplit = 8;
 

@@ -13,12 +13,12 @@ namespace astrai {
 namespace {
 // In recipe-id order, as gemm::launch_pair (sm80_gemm_launch.cuh) maps the ids to types.
 // Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe); recipe 6 the
-// Hopper weight stream's blocks of 16 token rows x 64 weight rows (sm90_stream.cuh's Sm90StreamShape); recipes 7 and
-// 8 Hopper w8a16's 128 or 256 token rows x 128 weight rows (sm90_w8a16.cuh's Sm90W8a16Shape).
+// Hopper weight stream's blocks of 16 token rows x 64 weight rows (sm90_stream.cuh's Sm90StreamShape); recipes 7, 8
+// and 9 Hopper w8a16's 128, 256 or 64 token rows x 128 weight rows (sm90_w8a16.cuh's Sm90W8a16Shape).
 constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
-                                      gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256};
+                                      gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256, 64};
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
-                                      gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128};
+                                      gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128, 128};
 
 // Why the current device or image cannot run the sm_90a kernels (null when it can): `not_cc90` off a compute
 // capability 9.0 GPU, `no_code` where the image holds no sm_90a code for it (a PTX-only image).
@@ -49,14 +49,14 @@ int gemm_k_tile(GemmPair pair) {
 }
 
 const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
-  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7 or 8";
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7, 8 or 9";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
-  if (recipe == kGemmSm90W8a16Recipe || recipe == kGemmSm90W8a16WideRecipe) {
-    if (layout != GemmLayout::kNT) return "recipes 7 and 8 (the sm_90a w8a16 kernels) run layout nt only";
-    if (pair != GemmPair::kBf16S8 && pair != GemmPair::kF16S8) return "recipes 7 and 8 run w8a16 only";
-    return sm90_unsupported("recipes 7 and 8 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
+  if (gemm_is_sm90_w8a16(recipe)) {
+    if (layout != GemmLayout::kNT) return "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only";
+    if (pair != GemmPair::kBf16S8 && pair != GemmPair::kF16S8) return "recipes 7-9 run w8a16 only";
+    return sm90_unsupported("recipes 7-9 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
                             "(H100 / H200)",
-                            "this image has no sm_90a code for this GPU (recipes 7 and 8 need it): use recipes 0-3");
+                            "this image has no sm_90a code for this GPU (recipes 7-9 need it): use recipes 0-3");
   }
   if (recipe == kGemmSm90StreamRecipe) {
     if (layout != GemmLayout::kNT) return "recipe 6 (the sm_90a weight stream) runs layout nt only";
@@ -155,7 +155,7 @@ cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t st
     return launch_other_layout(q, swapped, recipe, stream);
   }
   if (p.layout != GemmLayout::kNT) return launch_other_layout(p, pair, recipe, stream);
-  if (recipe == kGemmSm90W8a16Recipe || recipe == kGemmSm90W8a16WideRecipe) {
+  if (gemm_is_sm90_w8a16(recipe)) {
     const cudaError_t st = gemm::sm90_launch_w8a16(p, pair, recipe, stream);
     if (st != cudaErrorNotSupported) return st;
     recipe = 0;  // an operand the TMA cannot describe: the portable mainloop, same split and workspace

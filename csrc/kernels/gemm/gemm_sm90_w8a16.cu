@@ -1,4 +1,4 @@
-// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipes 7 and 8, bf16 and fp16 activations.
+// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipes 7, 8 and 9, bf16 and fp16 activations.
 #include <atomic>
 
 #include <cuda_runtime.h>
@@ -43,8 +43,11 @@ cudaError_t launch_shape(const GemmParams& p, GemmPair pair, cudaStream_t stream
 
 cudaError_t sm90_launch_w8a16(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream) {
   // p.k_tiles_per_split counts gemm_launch's K tiles of 128 for an int8 b; the kernel converts to its own.
-  return recipe == kGemmSm90W8a16WideRecipe ? launch_shape<Sm90W8a16Tokens256>(p, pair, stream)
-                                            : launch_shape<Sm90W8a16Tokens128>(p, pair, stream);
+  switch (recipe) {
+    case kGemmSm90W8a16WideRecipe: return launch_shape<Sm90W8a16Tokens256>(p, pair, stream);
+    case kGemmSm90W8a16NarrowRecipe: return launch_shape<Sm90W8a16Tokens64>(p, pair, stream);
+    default: return launch_shape<Sm90W8a16Tokens128>(p, pair, stream);
+  }
 }
 
 }  // namespace gemm

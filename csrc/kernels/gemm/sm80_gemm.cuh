@@ -109,28 +109,42 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
   return uint32_t(((chunk >> 3) * kRows + row) * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// Four int8 (one register) as four bf16 / fp16 values, exact for -128..127: each byte sits in a 16-bit lane over
-// a bias (128 in bf16, 1024 in fp16, where the mantissa counts units), and the sign bit's weight is taken off:
-// (bias | low 7 bits) - (bias | sign bit) = low7 - 128 * sign.
+// lop3 with a lookup table of 0x6A: per bit, (b, c) = (0, 0) -> 0, (0, 1) -> 1, (1, 0) -> a, (1, 1) -> ~a. With b and
+// c constants this keeps, inverts or sets each bit of a in one instruction (written as `(a & m) | k`, the compiler
+// emits two).
+template <uint32_t b, uint32_t c>
+__device__ __forceinline__ uint32_t lop3_keep_flip_set(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "n"(b), "n"(c));
+  return d;
+}
+
+// The low bytes of the two 16-bit lanes of u (int8; the high bytes are ignored) -> two bf16 / fp16 values, exact
+// for -128..127. fp16: 0x64 over the byte with its top bit inverted is 1024 + (byte + 128); minus 1152. bf16 (7
+// mantissa bits): 0x43 over the low 7 bits is 128 + those bits, 0x43 over the top bit alone 128 or 256; their
+// difference is the signed byte (low7 - 128 * sign).
+template <bool kF16>
+__device__ __forceinline__ uint32_t s8_lanes_to_16bit(uint32_t u) {
+  if constexpr (kF16) {
+    const uint32_t x = lop3_keep_flip_set<0x00FF00FFu, 0x64806480u>(u);
+    const uint32_t bias = 0xE480E480u;  // -1152, -1152
+    const __half2 r = __hadd2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&bias));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const uint32_t x = lop3_keep_flip_set<0x007F007Fu, 0x43004300u>(u),
+                   y = lop3_keep_flip_set<0x00800080u, 0x43004300u>(u);
+    const __nv_bfloat162 r =
+        __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x), *reinterpret_cast<const __nv_bfloat162*>(&y));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+// Four int8 (one register) as four bf16 / fp16 values (bytes 0, 1 in lo; 2, 3 in hi), exact: one byte permute a
+// pair, then s8_lanes_to_16bit.
 template <bool kF16>
 __device__ __forceinline__ void s8x4_to_16bit(uint32_t u, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kBias = kF16 ? 0x64006400u : 0x43004300u;
-  const uint32_t b01 = __byte_perm(u, 0, 0x4140), b23 = __byte_perm(u, 0, 0x4342);
-  const uint32_t x01 = (b01 & 0x007F007Fu) | kBias, y01 = (b01 & 0x00800080u) | kBias;
-  const uint32_t x23 = (b23 & 0x007F007Fu) | kBias, y23 = (b23 & 0x00800080u) | kBias;
-  if constexpr (kF16) {
-    const __half2 r01 = __hsub2(*reinterpret_cast<const __half2*>(&x01), *reinterpret_cast<const __half2*>(&y01));
-    const __half2 r23 = __hsub2(*reinterpret_cast<const __half2*>(&x23), *reinterpret_cast<const __half2*>(&y23));
-    lo = *reinterpret_cast<const uint32_t*>(&r01);
-    hi = *reinterpret_cast<const uint32_t*>(&r23);
-  } else {
-    const __nv_bfloat162 r01 = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x01),
-                                       *reinterpret_cast<const __nv_bfloat162*>(&y01));
-    const __nv_bfloat162 r23 = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x23),
-                                       *reinterpret_cast<const __nv_bfloat162*>(&y23));
-    lo = *reinterpret_cast<const uint32_t*>(&r01);
-    hi = *reinterpret_cast<const uint32_t*>(&r23);
-  }
+  lo = s8_lanes_to_16bit<kF16>(__byte_perm(u, 0, 0x4140));
+  hi = s8_lanes_to_16bit<kF16>(__byte_perm(u, 0, 0x4342));
 }
 
 // ---- epilogue ------------------------------------------------------------------------------------------

@@ -78,15 +78,8 @@ __device__ __forceinline__ uint4 ld_tail16(const uint8_t* p, int64_t left) {
 // without its two prmt (bytes 0 and 2 already sit in the 16-bit lanes; 1 and 3 after a shift).
 template <bool kF16>
 __device__ __forceinline__ void s8x4_to_16bit_02_13(uint32_t u, uint32_t& b02, uint32_t& b13) {
-  constexpr uint32_t kBias = kF16 ? 0x64006400u : 0x43004300u;
-  const uint32_t r = u >> 8;
-  const uint32_t x02 = (u & 0x007F007Fu) | kBias, y02 = (u & 0x00800080u) | kBias;
-  const uint32_t x13 = (r & 0x007F007Fu) | kBias, y13 = (r & 0x00800080u) | kBias;
-  using T2 = typename std::conditional<kF16, __half2, __nv_bfloat162>::type;
-  const T2 r02 = __hsub2(*reinterpret_cast<const T2*>(&x02), *reinterpret_cast<const T2*>(&y02));
-  const T2 r13 = __hsub2(*reinterpret_cast<const T2*>(&x13), *reinterpret_cast<const T2*>(&y13));
-  b02 = *reinterpret_cast<const uint32_t*>(&r02);
-  b13 = *reinterpret_cast<const uint32_t*>(&r13);
+  b02 = s8_lanes_to_16bit<kF16>(u);
+  b13 = s8_lanes_to_16bit<kF16>(u >> 8);
 }
 
 // One 64-value chunk: lane (g, t) holds K values 16t .. 16t + 15 of b rows g and g + 8 (w, v) and of token g

@@ -11,13 +11,14 @@
 //   CTA's token rows (8 or 16 rows, one or two boxes; zeros past M, N and K from the maps, so no edge code),
 //   completing on the stage's `full` mbarrier (a slice's last stage may hold one tile). Four consumer warps, 16
 //   weight rows each, read their 16-byte pieces out of the stage, hand it back (one `empty` arrival a warp) and run
-//   the mma.sync cells on registers.
+//   the mma.sync cells on registers. w8a16 has eight: two a block of 16 rows, one for each of a stage's K tiles
+//   (its warps also expand the int8 weights, so one warp a row block was too few to keep the bytes moving).
 // - split_k > 1: the K slices are the CTAs of one cluster (split_k <= 8, the portable cluster size); rank 0 adds the
 //   peers' partial sums, read out of their shared memory (DSMEM), in rank order, then stores. Deterministic, one
 //   launch, no workspace.
 //
-// K order of an output: a lane's pieces in stage order within a slice, then the slices in rank order (((s0 + s1) +
-// s2) ...). It depends on (N, K, split) only, not on M or on the other rows (batch invariant for a fixed split), but
+// K order of an output: a lane's pieces in stage order within a slice (w8a16: the first and the second K tile of
+// every stage summed apart, then added), then the slices in rank order (((s0 + s1) + s2) ...). It depends on (N, K, split) only, not on M or on the other rows (batch invariant for a fixed split), but
 // it is neither the mainloop's nor the portable stream's order, so the bits differ from recipes 0-5.
 #pragma once
 
@@ -30,6 +31,7 @@
 #include "kernels/common/ptx/cluster.cuh"
 #include "kernels/common/ptx/mbarrier.cuh"
 #include "kernels/common/ptx/smem.cuh"
+#include "kernels/common/ptx/sync.cuh"
 #include "kernels/common/ptx/tma.cuh"
 #include "kernels/gemm/params.h"
 #include "kernels/gemm/sm80_gemm.cuh"
@@ -41,25 +43,32 @@ namespace gemm {
 // The geometry of one (pair, token tiles) kernel: kTokenTiles n8 tiles of tokens (1: M <= 8, 2: blocks of 16 rows).
 template <class Pair, int kTokenTiles>
 struct Sm90StreamShape {
-  static constexpr int kWarps = 4;                    // consumer warps, 16 weight rows each
-  static constexpr int kRows = 16 * kWarps;           // weight rows of a CTA: one TMA box
-  static constexpr int kThreads = 32 * (kWarps + 1);  // + the producer warp
-  static constexpr int kTokens = 8 * kTokenTiles;     // token rows of a CTA: one TMA box a 128 bytes of K
+  static constexpr int kRowWarps = 4;                 // consumer warps along the rows, 16 weight rows each
   static constexpr int kKValues = 128 / Pair::kBBytes;               // K values a K tile (128 bytes of a weight row)
   static constexpr int kActBoxes = kKValues * Pair::kABytes / 128;   // token boxes a K tile: 2 for w8a16, else 1
+  // Consumer warps along K: w8a16 (whose warps also expand the weights) splits a stage's two K tiles between two
+  // warps of the same rows, their sums added in order at the end; the other pairs read both with one warp.
+  static constexpr int kKWarps = kActBoxes == 2 ? 2 : 1;
+  static constexpr int kWarps = kRowWarps * kKWarps;  // consumer warps
+  static constexpr int kRows = 16 * kRowWarps;        // weight rows of a CTA: one TMA box
+  static constexpr int kThreads = 32 * (kWarps + 1);  // + the producer warp
+  static constexpr int kTokens = 8 * kTokenTiles;     // token rows of a CTA: one TMA box a 128 bytes of K
   static constexpr int kWBytes = kRows * 128, kActBoxBytes = kTokens * 128;
   static constexpr int kSubBytes = kWBytes + kActBoxes * kActBoxBytes;  // one 128-byte K tile: a multiple of 1024
   // Two K tiles a stage: 256 bytes of each weight row a stage (one box each), 2-4% faster than one on the H200
   // (benchmarks.md: one tile / 72 KB, two / 72 KB, two / 110 KB, two and four / 200 KB timed in one call).
   static constexpr int kSub = 2;
   static constexpr int kStageBytes = kSub * kSubBytes;
-  static constexpr int kPartialBytes = kWarps * kTokenTiles * 32 * 16;   // a lane's 4 sums a token tile
+  // A lane's 4 sums a token tile: a row warp's for the cluster's reduction, then the K warps' past the first.
+  static constexpr int kClusterPartialBytes = kRowWarps * kTokenTiles * 32 * 16;
+  static constexpr int kPartialBytes = kClusterPartialBytes * kKWarps;
   // Up to three CTAs a SM (72 KB each of the 227 KB): 2-3 stages, 32-48 KB of weights in flight a CTA.
   static constexpr int kBudget = 72 * 1024;
   static constexpr int kStages = (kBudget - 1024 - kPartialBytes - 256) / kStageBytes;
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kStages * kStageBytes + kPartialBytes + 16 * kStages;
   static_assert(kStageBytes % 1024 == 0, "stages start on 1024-byte swizzle atoms");
   static_assert(kStages >= 2, "a ring of at least two stages");
+  static_assert(kSub % kKWarps == 0, "every K warp reads the same number of a stage's K tiles");
 };
 
 // The mma cell of the swapped pair: the weights (b) are the mma's A operand here, the tokens (a) its B operand, which
@@ -149,15 +158,24 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     }
   } else {
     // Lane (g, t) reads 16-byte chunks 2t and 2t + 1 of the stage's 128-byte rows: chunk c of row r sits at c ^ (r %
-    // 8) (the map's 128-byte swizzle), so the 8 rows of a quarter-warp's read hit 8 distinct chunks.
+    // 8) (the map's 128-byte swizzle), so the 8 rows of a quarter-warp's read hit 8 distinct chunks. Warp (rw, kw)
+    // reads rows 16 rw.. of the stage's K tiles kw, kw + kKWarps, ...
+    const int rw = warp % S::kRowWarps, kw = S::kKWarps > 1 ? warp / S::kRowWarps : 0;
     for (int kt = kt0, it = 0; kt < kt1; kt += S::kSub, ++it) {
       const int s = it % S::kStages, tiles = min(S::kSub, kt1 - kt);
       mbarrier_wait_sleep(&full[s], uint32_t(it / S::kStages) & 1u);
+      if constexpr (S::kKWarps > 1) {
+        if (kw >= tiles) {  // a slice's last stage holds no tile of this warp
+          __syncwarp();
+          if (lane == 0) mbarrier_arrive(&empty[s]);
+          continue;
+        }
+      }
 #pragma unroll
-      for (int q = 0; q < S::kSub; ++q) {
+      for (int q = kw; q < S::kSub; q += S::kKWarps) {
         if (q >= tiles) break;
         const uint8_t* const sub = smem + s * S::kStageBytes + q * S::kSubBytes;
-        const uint8_t* const w_row = sub + (16 * warp + g) * 128;
+        const uint8_t* const w_row = sub + (16 * rw + g) * 128;
         const uint8_t* const x_rows = sub + S::kWBytes + g * 128;
         uint4 w[2], v[2], x[kTokenTiles][2][S::kActBoxes];
 #pragma unroll
@@ -176,7 +194,7 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
             }
           }
         }
-        if (q == tiles - 1) {
+        if (q + S::kKWarps >= tiles) {
           __syncwarp();
           if (lane == 0) mbarrier_arrive(&empty[s]);  // the warp's reads of the stage are done
         }
@@ -194,9 +212,31 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     }
   }
 
+  if constexpr (S::kKWarps > 1) {  // the K warps of a row warp: the first adds the others' sums in order
+    if (warp < S::kWarps) {
+      const int rw = warp % S::kRowWarps, kw = warp / S::kRowWarps;
+      Acc* const part = reinterpret_cast<Acc*>(partials + S::kClusterPartialBytes) + (rw * kTokenTiles * 32 + lane) * 4;
+      constexpr int kStride = S::kClusterPartialBytes / int(sizeof(Acc));  // between K warps' blocks
+      if (kw > 0) {
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[(kw - 1) * kStride + j * 32 * 4 + e] = acc[j][e];
+      }
+      named_barrier_sync(1, 32 * S::kWarps);
+      if (kw == 0) {
+        for (int w = 1; w < S::kKWarps; ++w)
+#pragma unroll
+          for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][e] += part[(w - 1) * kStride + j * 32 * 4 + e];
+      }
+    }
+  }
+
   if (split > 1) {  // the cluster's K slices: rank 0 adds the peers' sums in rank order
     uint8_t* const mine = partials + (warp * kTokenTiles * 32 + lane) * 16;
-    if (warp < S::kWarps) {
+    if (warp < S::kRowWarps) {
 #pragma unroll
       for (int j = 0; j < kTokenTiles; ++j) {
         Acc* const dst = reinterpret_cast<Acc*>(mine + j * 32 * 16);
@@ -205,7 +245,7 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
       }
     }
     cluster_sync();  // every slice's sums are in its CTA's shared memory
-    if (rank == 0 && warp < S::kWarps) {
+    if (rank == 0 && warp < S::kRowWarps) {
       for (int r = 1; r < split; ++r) {
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
@@ -229,7 +269,7 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     }
   }
 
-  if (warp < S::kWarps) {
+  if (warp < S::kRowWarps) {
 #pragma unroll
     for (int j = 0; j < kTokenTiles; ++j)
 #pragma unroll

@@ -1,11 +1,12 @@
-// Recipes 7 and 8: W8A16 on Hopper's wgmma for layout nt (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights).
+// Recipes 7, 8 and 9: W8A16 on Hopper's wgmma for layout nt (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights).
 // wgmma reads its B operand from shared memory only, and int8 is no wgmma type for a 16-bit product, so the roles
 // are swapped: the CTA computes a tile of y^T, the weights are wgmma's A operand, expanded to 16 bits in registers
 // (rs form), and the activations its B operand, straight from the TMA's shared memory.
 //
-// - Warpgroup 0: one producer thread. A stage is 128 weight rows x kBK of K (int8, one box: recipe 7 128 K with the
-//   128-byte swizzle, recipe 8 64 K with the 64-byte swizzle) and kTokens token rows x kBK (boxes of 64 values, the
-//   128-byte swizzle); zeros past M, N and K.
+// - Warpgroup 0: one producer thread. A stage is 128 weight rows x kBK of K (int8, one box: recipes 7 and 9 128 K
+//   with the 128-byte swizzle, recipe 8 64 K with the 64-byte swizzle) and kTokens token rows x kBK (boxes of 64
+//   values, the 128-byte swizzle); zeros past M, N and K. Recipe 9 is recipe 7 with 64 tokens a CTA (m64n64 wgmma):
+//   at M <= 64 a 128-token wgmma would spend half its work on rows past M.
 // - Warpgroups 1 and 2: each owns 64 weight rows. For each 16 of K a thread needs bytes {2t, 2t+1, 2t+8, 2t+9} of
 //   its rows g and g + 8 (the A fragment): one 16-byte shared load a row (the four lanes of a quad read the same
 //   chunk), byte permutes, then the exact int8 -> 16-bit expansion. A stage's fragments are built, then its wgmma
@@ -36,13 +37,16 @@ namespace gemm {
 template <int kTokens_>
 struct Sm90W8a16Shape {
   static constexpr int kRows = 128;          // weight rows a CTA: the wgmma M side, 64 a consumer warpgroup
-  static constexpr int kTokens = kTokens_;   // token rows a CTA: the wgmma N side (128 a wgmma)
-  static constexpr int kBK = kTokens == 128 ? 128 : 64;  // K values a stage
+  static constexpr int kTokens = kTokens_;   // token rows a CTA: the wgmma N side
+  static constexpr int kWgN = kTokens < 128 ? kTokens : 128;  // tokens a wgmma (m64n128, or m64n64 for 64)
+  static constexpr int kH = kTokens / kWgN;   // wgmma a k16 step, each on the same A fragment
+  static constexpr int kAcc = kWgN / 2;       // fp32 accumulators a thread a wgmma
+  static constexpr int kBK = kTokens == 256 ? 64 : 128;  // K values a stage
   static constexpr int kSteps = kBK / 16;    // k16 steps a stage
   static constexpr int kWBytes = kRows * kBK;
   static constexpr int kXBoxBytes = kTokens * 128;  // 64 16-bit values of K a token row
   static constexpr int kStageBytes = kWBytes + (kBK / 64) * kXBoxBytes;
-  static constexpr int kStages = kTokens == 128 ? 4 : 5;  // 192 KB / 200 KB
+  static constexpr int kStages = kTokens == 64 ? 6 : kTokens == 128 ? 4 : 5;  // 192 KB / 192 KB / 200 KB
   static constexpr int kThreads = 384;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -53,35 +57,7 @@ struct Sm90W8a16Shape {
 };
 using Sm90W8a16Tokens128 = Sm90W8a16Shape<128>;  // recipe 7
 using Sm90W8a16Tokens256 = Sm90W8a16Shape<256>;  // recipe 8
-
-// lop3 with a lookup table of 0x6A: per bit, (b, c) = (0, 0) -> 0, (0, 1) -> 1, (1, 0) -> a, (1, 1) -> ~a. With b and
-// c constants this keeps, inverts or sets each bit of a in one instruction.
-template <uint32_t b, uint32_t c>
-__device__ __forceinline__ uint32_t sm90_w8a16_bits(uint32_t a) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "n"(b), "n"(c));
-  return d;
-}
-
-// The low bytes of the two 16-bit lanes of u (int8; the high bytes are ignored) -> two 16-bit values, exact.
-// fp16: 0x64 over the byte with its top bit inverted is 1024 + (byte + 128); minus 1152. bf16 (7 mantissa bits):
-// 0x43 over the low 7 bits is 128 + those bits, 0x43 over the top bit alone 128 or 256; their difference is the
-// signed byte (the issue's two-LOP expansion).
-template <bool kF16>
-__device__ __forceinline__ uint32_t sm90_w8a16_expand(uint32_t u) {
-  if constexpr (kF16) {
-    const uint32_t x = sm90_w8a16_bits<0x00FF00FFu, 0x64806480u>(u);
-    const uint32_t bias = 0xE480E480u;  // -1152, -1152
-    const __half2 r = __hadd2(*reinterpret_cast<const __half2*>(&x), *reinterpret_cast<const __half2*>(&bias));
-    return *reinterpret_cast<const uint32_t*>(&r);
-  } else {
-    const uint32_t x = sm90_w8a16_bits<0x007F007Fu, 0x43004300u>(u),
-                   y = sm90_w8a16_bits<0x00800080u, 0x43004300u>(u);
-    const __nv_bfloat162 r =
-        __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x), *reinterpret_cast<const __nv_bfloat162*>(&y));
-    return *reinterpret_cast<const uint32_t*>(&r);
-  }
-}
+using Sm90W8a16Tokens64 = Sm90W8a16Shape<64>;    // recipe 9
 
 // The A fragments of one stage (kSteps k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows:
 // a 16-byte shared load a row and step (the quad's four lanes read the same chunk), then one byte permute puts
@@ -91,7 +67,7 @@ template <bool kF16, class S>
 __device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int row, int t,
                                                      uint32_t (&f)[S::kSteps][4]) {
   const uint32_t sel = uint32_t(2 * t) * 0x11u + uint32_t(2 * t + 1) * 0x1100u;
-  // The swizzle of 16-byte chunk j of row r: 128-byte rows (recipe 7) at j ^ (r % 8), 64-byte rows (recipe 8) at
+  // The swizzle of 16-byte chunk j of row r: 128-byte rows (recipes 7, 9) at j ^ (r % 8), 64-byte rows (recipe 8) at
   // j ^ ((r / 2) % 4); rows row and row + 8 share it.
   const int swz = S::kBK == 128 ? (row & 7) : ((row >> 1) & 3);
 #pragma unroll
@@ -99,17 +75,17 @@ __device__ __forceinline__ void sm90_w8a16_fragments(const uint8_t* w_tile, int 
     const uint32_t off = uint32_t((j ^ swz) << 4);
     const uint4 v0 = *reinterpret_cast<const uint4*>(w_tile + row * S::kBK + off);
     const uint4 v1 = *reinterpret_cast<const uint4*>(w_tile + (row + 8) * S::kBK + off);
-    f[j][0] = sm90_w8a16_expand<kF16>(__byte_perm(v0.x, v0.y, sel));  // A[g][2t..2t+1]
-    f[j][1] = sm90_w8a16_expand<kF16>(__byte_perm(v1.x, v1.y, sel));  // A[g+8][2t..2t+1]
-    f[j][2] = sm90_w8a16_expand<kF16>(__byte_perm(v0.z, v0.w, sel));  // A[g][2t+8..2t+9]
-    f[j][3] = sm90_w8a16_expand<kF16>(__byte_perm(v1.z, v1.w, sel));  // A[g+8][2t+8..2t+9]
+    f[j][0] = s8_lanes_to_16bit<kF16>(__byte_perm(v0.x, v0.y, sel));  // A[g][2t..2t+1]
+    f[j][1] = s8_lanes_to_16bit<kF16>(__byte_perm(v1.x, v1.y, sel));  // A[g+8][2t..2t+1]
+    f[j][2] = s8_lanes_to_16bit<kF16>(__byte_perm(v0.z, v0.w, sel));  // A[g][2t+8..2t+9]
+    f[j][3] = s8_lanes_to_16bit<kF16>(__byte_perm(v1.z, v1.w, sel));  // A[g+8][2t+8..2t+9]
   }
 }
 
-// One stage's wgmma: for each k16 step and each 128 tokens h, acc[h] (64 weights x 128 tokens) += the step's
-// fragment x the step's 16 K of tokens 128 h .. 128 h + 127; scale-d 0 on a fresh tile.
+// One stage's wgmma: for each k16 step and each kWgN tokens h, acc[h] (64 weights x kWgN tokens) += the step's
+// fragment x the step's 16 K of tokens kWgN h .. kWgN h + kWgN - 1; scale-d 0 on a fresh tile.
 template <bool kF16, class S>
-__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kTokens / 128][64],
+__device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kH][S::kAcc],
                                                      const uint32_t (&f)[S::kSteps][4], uint32_t x_tile,
                                                      bool accumulate) {
   const uint64_t desc = wgmma_desc_sw128(x_tile, 16, 1024);  // one descriptor, constant offsets (no per-wgmma math)
@@ -117,10 +93,14 @@ __device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kTokens / 1
 #pragma unroll
   for (int j = 0; j < S::kSteps; ++j)
 #pragma unroll
-    for (int h = 0; h < S::kTokens / 128; ++h) {
-      // Token rows 128 h.. of box j / 4 (64 K a box), 32 bytes of K a step inside its 128-byte rows.
-      const uint32_t at = (j / 4) * S::kXBoxBytes + h * 128 * 128 + (j % 4) * 32;
-      wgmma_m64n128k16_rs<kF16>(acc[h], f[j], wgmma_desc_sw128_add(desc, at), accumulate || j > 0);
+    for (int h = 0; h < S::kH; ++h) {
+      // Token rows kWgN h.. of box j / 4 (64 K a box), 32 bytes of K a step inside its 128-byte rows.
+      const uint32_t at = (j / 4) * S::kXBoxBytes + h * S::kWgN * 128 + (j % 4) * 32;
+      if constexpr (S::kWgN == 64) {
+        wgmma_m64n64k16_rs<kF16>(acc[h], f[j], wgmma_desc_sw128_add(desc, at), accumulate || j > 0);
+      } else {
+        wgmma_m64n128k16_rs<kF16>(acc[h], f[j], wgmma_desc_sw128_add(desc, at), accumulate || j > 0);
+      }
     }
 }
 
@@ -252,12 +232,12 @@ __global__ void __launch_bounds__(S::kThreads, 1)
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
   const int row = cw * 64 + 16 * warp + g;  // this thread's first weight row of the tile
   const bool signals = threadIdx.x % 128 == 0;
-  constexpr int kH = S::kTokens / 128;
-  float acc[kH][64];
+  constexpr int kH = S::kH, kAcc = S::kAcc;
+  float acc[kH][kAcc];
 #pragma unroll
   for (int h = 0; h < kH; ++h)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
+    for (int i = 0; i < kAcc; ++i) acc[h][i] = 0.f;
   auto stage_ptr = [&](int it) {  // waits ring position it full
     mbarrier_wait_sleep(&full[it % S::kStages], uint32_t(it / S::kStages) & 1u);
     return smem + (it % S::kStages) * S::kStageBytes;
@@ -293,7 +273,7 @@ __global__ void __launch_bounds__(S::kThreads, 1)
 #pragma unroll
   for (int h = 0; h < kH; ++h)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[h][i]);
+    for (int i = 0; i < kAcc; ++i) wgmma_fence_operand(acc[h][i]);
 
   // Epilogue: both consumers are done with the ring (every stage consumed, no load in flight), so each stages its
   // 64 weight rows x kTokens tokens there as fp32, transposed to y's orientation: buf[token][weight], 256-byte rows,
@@ -305,10 +285,10 @@ __global__ void __launch_bounds__(S::kThreads, 1)
 #pragma unroll
   for (int h = 0; h < kH; ++h)
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < S::kWgN / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int wr = 16 * warp + g + 8 * (e / 2), tk = 128 * h + 8 * j + 2 * t + e % 2;
+        const int wr = 16 * warp + g + 8 * (e / 2), tk = S::kWgN * h + 8 * j + 2 * t + e % 2;
         buf[tk * 64 + (((wr / 4) ^ (((tk >> 1) & 3) << 1)) * 4) + wr % 4] = acc[h][4 * j + e];
       }
   named_barrier_sync(2 + cw, 128);

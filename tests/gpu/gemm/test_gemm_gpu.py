@@ -65,15 +65,15 @@ def skip_if_blocked(ta):
 
 def skip_if_no_recipe(recipe, ta, tb):
     """Recipes 4 and 5 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the image,
-    recipe 6 (the sm_90a weight stream) every pair there, recipes 7 and 8 w8a16 only (test_sm90_recipes_refused and
+    recipe 6 (the sm_90a weight stream) every pair there, recipes 7-9 w8a16 only (test_sm90_recipes_refused and
     test_sm90_w8a16_refused cover the messages)."""
     if recipe == ops.SM90_STREAM_RECIPE and not ops.sm90_available(torch.device(DEVICE)):
         pytest.skip("recipe 6 needs an sm_90 GPU and sm_90a code in the image")
     if recipe in ops.SM90_W8A16_RECIPES:
         if not ops.sm90_available(torch.device(DEVICE)):
-            pytest.skip("recipes 7 and 8 need an sm_90 GPU and sm_90a code in the image")
+            pytest.skip("recipes 7-9 need an sm_90 GPU and sm_90a code in the image")
         if not (tb == torch.int8 and ta in (torch.bfloat16, torch.float16)):
-            pytest.skip("recipes 7 and 8 run w8a16 only")
+            pytest.skip("recipes 7-9 run w8a16 only")
     if recipe in ops.SM90_RECIPES:
         if not ops.sm90_available(torch.device(DEVICE)):
             pytest.skip("recipes 4 and 5 need an sm_90 GPU and sm_90a code in the image")
@@ -422,12 +422,12 @@ def test_sm90_stream_builtin_plan_and_refusals():
         ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(6, 1))
 
 
-# --- recipes 7 and 8: Hopper w8a16 ---------------------------------------------------------------------------------
+# --- recipes 7, 8 and 9: Hopper w8a16 ------------------------------------------------------------------------------
 
 # (B, M, N, K, split): tiles past M and N (N off 4 columns: the scalar tail of the copy-out), K off the 64 / 128 of a
 # stage, several waves of CTAs, a split with empty slices, batches with either operand broadcast.
 SM90_W8A16_CASES = [(1, 1, 200, 272, 1), (1, 300, 1030, 1040, 1), (1, 513, 4100, 2064, 3), (3, 130, 260, 784, 2),
-                    (2, 257, 129, 400, 8)]
+                    (2, 257, 129, 400, 8), (1, 63, 333, 1424, 4), (2, 65, 1000, 656, 1)]
 
 
 @pytest.mark.parametrize("recipe", ops.SM90_W8A16_RECIPES)
@@ -473,19 +473,19 @@ def test_sm90_w8a16_exact_repeatable_graph(recipe):
 
 
 def test_sm90_w8a16_builtin_plan_and_refusals():
-    """At M > 16 in layout nt the built-in w8a16 plan is recipe 7 or 8 on an H100 / H200 with sm_90a code; other
+    """At M > 16 in layout nt the built-in w8a16 plan is recipe 7, 8 or 9 on an H100 / H200 with sm_90a code; other
     pairs and layouts are refused before launch, naming the op and the reason."""
     a16, b8 = operand(torch.bfloat16, (64, 256)), operand(torch.int8, (96, 256))
     sb = torch.rand(96, device=DEVICE) + 0.5
     if not ops.sm90_available(torch.device(DEVICE)):
-        with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7 and 8"):
+        with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9"):
             ops.quant_gemm(a16, b8, b_scale=sb, plan=(7, 1))
         return
     assert ops.plan_for(a16, b8, 0, False)[0] in ops.SM90_W8A16_RECIPES
-    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7 and 8 run w8a16 only"):
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9 run w8a16 only"):
         ops.quant_gemm(a16, operand(torch.bfloat16, (96, 256)), plan=(8, 1))
-    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7 and 8 .*layout nt only"):
-        ops.quant_gemm(a16, b8.t().contiguous(), b_scale=sb, layout="nn", plan=(7, 1))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9 .*layout nt only"):
+        ops.quant_gemm(a16, b8.t().contiguous(), b_scale=sb, layout="nn", plan=(9, 1))
 
 
 # --- layouts nn, tn, tt --------------------------------------------------------------------------------------

@@ -122,4 +122,37 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 }
 #undef ASTRAI_WGMMA_M64N128K16_RS
 
+// The 32 fp32 accumulators of an m64n64 wgmma as read-write asm operands %0..%31.
+#define ASTRAI_WGMMA_D32(d)                                                                                         \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),      \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),       \
+      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),      \
+      "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define ASTRAI_WGMMA_M64N64K16_RS(types)                                                          \
+  asm volatile(                                                                                    \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." types " "                                      \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "          \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                \
+      : ASTRAI_WGMMA_D32(d)                                                                        \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)))
+
+// D (64 x 64 fp32, per thread 32 values) = A (64 x 16, registers) B (16 x 64, shared, K-major, 128-byte swizzle) + D
+// if accumulate; bf16 (kF16: fp16) inputs, A's fragment as in wgmma_m64n128k16_rs. Accumulator layout as the m64n128
+// form's, n = 0..7.
+template <bool kF16>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   bool accumulate) {
+#if ASTRAI_WGMMA
+  if constexpr (kF16) {
+    ASTRAI_WGMMA_M64N64K16_RS("f16.f16");
+  } else {
+    ASTRAI_WGMMA_M64N64K16_RS("bf16.bf16");
+  }
+#endif
+}
+#undef ASTRAI_WGMMA_M64N64K16_RS
+#undef ASTRAI_WGMMA_D32
+
 }  // namespace astrai
