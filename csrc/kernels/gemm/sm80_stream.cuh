@@ -8,7 +8,8 @@
 //
 // Why this shape (H200 probe, docs/benchmarks.md "GEMM, the weight stream"): the stream is bound by bytes in
 // flight, not by the expansion (removing it gained 0-8%): 32 resident warps a SM (<= 64 registers) and the L2
-// prefetch hint are what moved it, from 0.52-0.66x to 0.60-0.76x of a same-run read of the weights.
+// prefetch hint are what moved it, from 0.52-0.66x to 0.60-0.76x of a same-run read of the weights. Later (ncu,
+// 2026-12-04) its ALU pipe read 67% busy with the expansion at four lop3 a pair; one lop3 a mask took 5-6% off.
 //
 // A CTA is R groups of 16 b rows (threadIdx.z) times W warps along K (threadIdx.y): warp w of a group streams K
 // slice s W + w of its rows (s = the CTA's index along K, blockIdx.z), and the group's W partials are summed in

@@ -3,8 +3,9 @@
 // side, the tokens on its 8-column side, K permuted inside a lane's 16 bytes the same way for both operands), but
 // the bytes come by TMA into a shared-memory ring, so a CTA keeps its weights in flight with one issuing thread
 // instead of holding them in registers. Measured on the H200 (benchmarks.md "GEMM, the Hopper weight stream"): a few
-// percent ahead of the portable kernels for 16-bit, int8 and fp8 weights with 16-bit / 8-bit tokens at M <= 8, behind
-// the portable weight stream for w8a16, so the built-in plan uses it where it was measured ahead.
+// percent ahead of the portable kernels for 16-bit, int8 and fp8 weights with 16-bit / 8-bit tokens at M <= 8; for
+// w8a16 ahead of the portable weight stream only at its best split (4% at M <= 8), not at the split its rule picks,
+// so the built-in plan uses it where it was measured ahead (not for w8a16).
 //
 // - A CTA owns kRows (64) weight rows and one K slice. Its producer warp (one thread) loads, a stage at a time, two
 //   K tiles: for each, the 128 bytes of K of its 64 rows (one 128-byte-swizzled box) and the same K range of the
