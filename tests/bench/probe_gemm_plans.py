@@ -14,7 +14,8 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
   microseconds, the built-in pick, and a result off the float64 reference by more than 2e-2 (relative) flagged.
   `stream90-quick`: the same at M = 1 and 16; `stream90-w8a16`: w8a16 alone at M = 1, 8, 16, 32.
 - `w8a16-sm90`: recipes 7, 8 and 9 (Hopper w8a16) at their splits over M in 32-4096 x NK against cuBLAS bf16 and the
-  portable plan; `w8a16-sm90-quick`: M = 256, 1024, 4096; `w8a16-sm90-small`: M = 17, 24, 48, 96.
+  portable plan; `w8a16-sm90-quick`: M = 256, 1024, 4096; `w8a16-sm90-small`: M = 17, 24, 48, 96;
+  `w8a16-sm90-mid`: M = 32-256.
 - `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
   weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
 
@@ -178,5 +179,5 @@ def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
 
 
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "stream90-w8a16": lambda: stream90(ms=(1, 8, 16, 32), pairs=("w8a16",)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90, "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096)), "w8a16-sm90-small": lambda: w8a16_sm90(ms=(17, 24, 48, 96))}[
+    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "stream90-w8a16": lambda: stream90(ms=(1, 8, 16, 32), pairs=("w8a16",)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90, "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096)), "w8a16-sm90-small": lambda: w8a16_sm90(ms=(17, 24, 48, 96)), "w8a16-sm90-mid": lambda: w8a16_sm90(ms=(32, 64, 128, 256))}[
         sys.argv[1] if len(sys.argv) > 1 else "grid"]()

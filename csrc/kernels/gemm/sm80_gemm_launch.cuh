@@ -2,6 +2,7 @@
 // Each gemm_sm80_<group>[_<layout>].cu instantiates it for its pairs, so the translation units compile in parallel.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 
 #include <cuda_runtime_api.h>
@@ -57,9 +58,10 @@ template <class Acc>
 cudaError_t launch_split_reduce(const GemmParams& r, cudaStream_t stream) {
   bool pdl = false;
   ASTRAI_CUDA_TRY(split_reduce_pdl<Acc>(&pdl));
-  const int64_t total = int64_t(r.m) * r.n * r.batch;
-  return launch_maybe_dependent(gemm_reduce_kernel<Acc>, dim3(unsigned(ceil_div<int64_t>(total, 256))), dim3(256), 0,
-                                stream, pdl, r);
+  if (r.m <= 0 || r.n <= 0 || r.batch <= 0) return cudaSuccess;
+  const dim3 grid(unsigned(ceil_div(ceil_div(r.n, 4), kReduceCols)), unsigned(std::min(ceil_div(r.m, kReduceRows), 65535)),
+                  unsigned(std::min(r.batch, 65535)));
+  return launch_maybe_dependent(gemm_reduce_kernel<Acc>, grid, dim3(kReduceCols, kReduceRows), 0, stream, pdl, r);
 }
 
 template <class Pair, class R, bool kAMn = false, bool kBMn = false>
