@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
 // rows; grid y and z walk the rows and batches past 65535 in strides. No 64-bit division (the one-thread-an-element
 // version's three cost more than its loads). Launched as a programmatic dependent of the kernel that wrote the
 // partials where the image's code allows (sm80_gemm_launch.cuh): it waits for that grid before its first read.
-constexpr int kReduceCols = 64, kReduceRows = 4;
+constexpr int kReduceCols = 64, kReduceRows = 4, kReduceBatch = 4;
 template <class Acc>
 __device__ __forceinline__ Acc acc_from_bits(uint32_t u) {
   if constexpr (std::is_same<Acc, float>::value) {
@@ -448,20 +448,30 @@ __global__ void __launch_bounds__(kReduceCols * kReduceRows) gemm_reduce_kernel(
     for (int row = int(blockIdx.y) * kReduceRows + int(threadIdx.y); row < p.m; row += int(gridDim.y) * kReduceRows) {
       const Acc* w = base + int64_t(row) * p.n + col;
       Acc sum[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};
-      for (int s = 0; s < p.split_k; ++s, w += mn) {
-        Acc v[4];
-        if (vector) {
-          const uint4 q = *reinterpret_cast<const uint4*>(w);
-          v[0] = acc_from_bits<Acc>(q.x);
-          v[1] = acc_from_bits<Acc>(q.y);
-          v[2] = acc_from_bits<Acc>(q.z);
-          v[3] = acc_from_bits<Acc>(q.w);
-        } else {
+      // kReduceBatch splits' loads issued together (a thread's loads in flight), then added in split order.
+      for (int s0 = 0; s0 < p.split_k; s0 += kReduceBatch) {
+        Acc v[kReduceBatch][4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] = e < cols ? w[e] : Acc(0);
+        for (int i = 0; i < kReduceBatch; ++i) {
+          if (s0 + i >= p.split_k) break;
+          const Acc* const ws = w + int64_t(s0 + i) * mn;
+          if (vector) {
+            const uint4 q = *reinterpret_cast<const uint4*>(ws);
+            v[i][0] = acc_from_bits<Acc>(q.x);
+            v[i][1] = acc_from_bits<Acc>(q.y);
+            v[i][2] = acc_from_bits<Acc>(q.z);
+            v[i][3] = acc_from_bits<Acc>(q.w);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[i][e] = e < cols ? ws[e] : Acc(0);
+          }
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sum[e] = s == 0 ? v[e] : sum[e] + v[e];  // split order, as before
+        for (int i = 0; i < kReduceBatch; ++i) {
+          if (s0 + i >= p.split_k) break;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sum[e] = s0 + i == 0 ? v[i][e] : sum[e] + v[i][e];  // split order
+        }
       }
       store_out<Acc>(p, bz, row, col, sum[0], sum[1], cols > 1);
       if (cols > 2) store_out<Acc>(p, bz, row, col + 2, sum[2], sum[3], cols > 3);

@@ -145,6 +145,15 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
       ring_w[u] = ld_weights16(w_row + int64_t(c_begin + u) * SR::kChunk);
       ring_v[u] = ld_weights16(v_row + int64_t(c_begin + u) * SR::kChunk);
     }
+  // The tokens' next chunk is loaded one chunk ahead as well (their loads had been the stream's longest stall).
+  uint4 xn[kTokenTiles][2];
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j)
+    if (c_begin < c_full) {
+      const uint8_t* const x = x_row[j] + int64_t(c_begin) * 2 * SR::kChunk;
+      xn[j][0] = ld_tokens16(x);
+      xn[j][1] = ld_tokens16(x + 16);
+    }
   for (int c = c_begin; c < c_full; c += kU) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -155,11 +164,19 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
           ring_w[u] = ld_weights16(w_row + int64_t(cc + kU) * SR::kChunk);
           ring_v[u] = ld_weights16(v_row + int64_t(cc + kU) * SR::kChunk);
         }
+        uint4 xc[kTokenTiles][2];
 #pragma unroll
         for (int j = 0; j < kTokenTiles; ++j) {
-          const uint8_t* const x = x_row[j] + int64_t(cc) * 2 * SR::kChunk;
-          stream_step<Pair>(acc[j], w, v, ld_tokens16(x), ld_tokens16(x + 16));
+          xc[j][0] = xn[j][0];
+          xc[j][1] = xn[j][1];
+          if (cc + 1 < c_full) {
+            const uint8_t* const x = x_row[j] + int64_t(cc + 1) * 2 * SR::kChunk;
+            xn[j][0] = ld_tokens16(x);
+            xn[j][1] = ld_tokens16(x + 16);
+          }
         }
+#pragma unroll
+        for (int j = 0; j < kTokenTiles; ++j) stream_step<Pair>(acc[j], w, v, xc[j][0], xc[j][1]);
       }
     }
   }
