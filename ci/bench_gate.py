@@ -1,7 +1,7 @@
 """Benchmark gate (tier 4): compare each case's ratio to its anchor with the stored per-GPU baseline.
 
     python ci/bench_gate.py RUN.json [--baseline-dir benchmarks/baselines/<gpu>] [--threshold 0.05]
-                            [--report OUT.json] [--strict] [--update-baseline [--family NAME ...]]
+                            [--report OUT.json] [--strict] [--family NAME ...] [--update-baseline]
 
 RUN.json is pytest-benchmark's JSON (nox -s bench: each case's extra_info holds case, ratio, spread, ...) or
 a legacy `bench_rotary.py --json` file. The ratio is anchor time / kernel time (higher is better), measured
@@ -20,7 +20,8 @@ inconclusive: the two ratios do not measure the same thing.
 Exit status 1 on any FAIL, on a missing case (unless --allow-missing), on a run with no case at all, and on
 inconclusive cases with --strict; else 3 when some family has no baseline (unless --allow-no-baseline);
 else 0. --update-baseline writes this run's cases into the baseline directory (one file per family, or only
-the --family ones), keeping per-case thresholds; it is never implicit.
+the --family ones), keeping per-case thresholds; it is never implicit. Without it, --family gates only those
+families' baseline cases (a run of one family).
 """
 
 from __future__ import annotations
@@ -267,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="families without any baseline file do not fail (exit 3) the gate")
     parser.add_argument("--update-baseline", action="store_true", help="write this run as the new baseline")
     parser.add_argument("--family", action="append", default=None,
-                        help="with --update-baseline: only this family's file (repeatable); default every family")
+                        help="only this family (repeatable; default every family): with --update-baseline the file "
+                             "written, otherwise the baseline cases gated (a one-family run leaves no other "
+                             "family's cases missing)")
     parser.add_argument("--note", default="", help="with --update-baseline: where the run came from")
     parser.add_argument("--record-history", type=Path, metavar="DIR",
                         help="also store the normalized run as DIR/<date>_<commit>.json (the dashboard's input)")
@@ -291,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     baseline = load_baseline(directory)
+    if args.family:  # a run of some families only: the others' baseline cases are not this run's to measure
+        baseline = {case: rec for case, rec in baseline.items() if family(case) in args.family}
     if not baseline:
         print(f"bench-gate: no baseline in {directory} for {run['gpu']}: record one with --update-baseline",
               file=sys.stderr)

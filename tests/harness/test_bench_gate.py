@@ -189,6 +189,17 @@ def test_update_baseline_of_one_family_leaves_the_others(tmp_path, baseline_dir)
                             "--family", "nosuch"]) == 1
 
 
+def test_family_gates_only_that_family(tmp_path, baseline_dir):
+    """A one-family run with --family: the other families' baseline cases are not missing; the family's own are."""
+    (baseline_dir / "other.json").write_text(json.dumps({"cases": {"other.x": {"ratio": 2.0, "spread": 0.01}}}))
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"other.x": (2.0, 0.01)}, "--family", "other")
+    assert rc == 0 and verdicts == {"other.x": "pass"}
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"other.x": (2.0, 0.01)})
+    assert rc == 1 and verdicts["fam.a"] == "missing"
+    rc, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.a": (10.0, 0.01)}, "--family", "fam")
+    assert rc == 1 and verdicts["fam.b"] == "missing" and "other.x" not in verdicts
+
+
 @pytest.mark.parametrize("commit_info,env,want", [
     ({"id": "0123456789abcdef"}, {}, ("0123456789ab", "git")),
     ({"id": "unversioned"}, {"commit": {"id": "feedbeef", "source": "ASTRAI_GIT_COMMIT"}},
