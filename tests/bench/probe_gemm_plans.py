@@ -19,7 +19,7 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
 - `stream`: w8a16 recipe 2 in layout nt (the weight-stream kernel) at M = 1 and 16 for each split of SPLITS,
   weights rotated past the L2, against cuBLAS bf16 on the bf16 weights; microseconds and the built-in split.
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py [grid|stream|stream90|sm90|sm90-quick|w8a16-sm90[-quick|-small]]
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_plans.py MODE   (MODE: one of the names above)
 """
 import statistics
 import sys
@@ -170,7 +170,8 @@ def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
             anchor = us(lambda s: F.linear(s[0], s[2]), sets)
             portable = ops.builtin_plan(m, n, k, "w8a16", NUM_SMS)
             row = [f"r{portable[0]}/{portable[1]} {anchor / us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, *portable), sets):.3f}"]
-            for recipe, split in ((7, 1), (7, 2), (7, 4), (7, 8), (8, 1), (8, 2), (8, 4), (9, 1), (9, 2), (9, 4), (9, 8)):
+            for recipe, split in ((7, 1), (7, 2), (7, 4), (7, 8), (8, 1), (8, 2), (8, 4),
+                                  (9, 1), (9, 2), (9, 4), (9, 8)):
                 got = op(x, w, None, sb, None, torch.bfloat16, 0, recipe, split).double()
                 err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
                 t = us(lambda s: op(s[0], s[1], None, sb, None, torch.bfloat16, 0, recipe, split), sets)
@@ -179,5 +180,14 @@ def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
 
 
 if __name__ == "__main__":
-    {"grid": grid, "stream": stream, "stream90": stream90, "stream90-quick": lambda: stream90(ms=(1, 16)), "stream90-w8a16": lambda: stream90(ms=(1, 8, 16, 32), pairs=("w8a16",)), "sm90": sm90, "sm90-quick": lambda: sm90(quick=True), "w8a16-sm90": w8a16_sm90, "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096)), "w8a16-sm90-small": lambda: w8a16_sm90(ms=(17, 24, 48, 96)), "w8a16-sm90-mid": lambda: w8a16_sm90(ms=(32, 64, 128, 256))}[
-        sys.argv[1] if len(sys.argv) > 1 else "grid"]()
+    modes = {
+        "grid": grid, "stream": stream, "stream90": stream90,
+        "stream90-quick": lambda: stream90(ms=(1, 16)),
+        "stream90-w8a16": lambda: stream90(ms=(1, 8, 16, 32), pairs=("w8a16",)),
+        "sm90": sm90, "sm90-quick": lambda: sm90(quick=True),
+        "w8a16-sm90": w8a16_sm90,
+        "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096)),
+        "w8a16-sm90-small": lambda: w8a16_sm90(ms=(17, 24, 48, 96)),
+        "w8a16-sm90-mid": lambda: w8a16_sm90(ms=(32, 64, 128, 256)),
+    }
+    modes[sys.argv[1] if len(sys.argv) > 1 else "grid"]()

@@ -59,8 +59,8 @@ cudaError_t launch_split_reduce(const GemmParams& r, cudaStream_t stream) {
   bool pdl = false;
   ASTRAI_CUDA_TRY(split_reduce_pdl<Acc>(&pdl));
   if (r.m <= 0 || r.n <= 0 || r.batch <= 0) return cudaSuccess;
-  const dim3 grid(unsigned(ceil_div(ceil_div(r.n, 4), kReduceCols)), unsigned(std::min(ceil_div(r.m, kReduceRows), 65535)),
-                  unsigned(std::min(r.batch, 65535)));
+  const dim3 grid(unsigned(ceil_div(ceil_div(r.n, 4), kReduceCols)),
+                  unsigned(std::min(ceil_div(r.m, kReduceRows), 65535)), unsigned(std::min(r.batch, 65535)));
   return launch_maybe_dependent(gemm_reduce_kernel<Acc>, grid, dim3(kReduceCols, kReduceRows), 0, stream, pdl, r);
 }
 

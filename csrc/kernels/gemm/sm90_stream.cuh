@@ -19,8 +19,9 @@
 //   launch, no workspace.
 //
 // K order of an output: a lane's pieces in stage order within a slice (w8a16: the first and the second K tile of
-// every stage summed apart, then added), then the slices in rank order (((s0 + s1) + s2) ...). It depends on (N, K, split) only, not on M or on the other rows (batch invariant for a fixed split), but
-// it is neither the mainloop's nor the portable stream's order, so the bits differ from recipes 0-5.
+// every stage summed apart, then added), then the slices in rank order (((s0 + s1) + s2) ...). It depends on (N, K,
+// split) only, not on M or on the other rows (batch invariant for a fixed split), but it is neither the mainloop's
+// nor the portable stream's order, so the bits differ from recipes 0-5.
 #pragma once
 
 #include <cstdint>
