@@ -181,8 +181,8 @@ def test_sm90_plan_table(case):
 
 def test_sm90_plan_scope():
     """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 6 (the weight stream)
-    at the M of SM90_STREAM_BANDS, 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other layouts, the M between, w8a16 at
-    M <= 16) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16 recipe 2."""
+    at the M of SM90_STREAM_BANDS (w8a16: M <= 8 at N >= 7168), 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other
+    layouts, the M between, w8a16 at M <= 16 below that N) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16 recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
         stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8, 17, 32)}.get(pair, ())  # test_sm90_stream_plan
         for m in (1, 8, 9, 16, 17, 32, 33, 64):
@@ -203,7 +203,14 @@ def test_sm90_plan_scope():
     for m in (17, 1024):  # batch-invariant w8a16: the weight stream at every M, as off a Hopper GPU
         assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, sm90=True, batch_invariant=True) == \
             ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True)
-    assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}  # not w8a16
+    assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
+    # w8a16: recipe 6 only at M <= 8 with N >= 7168 (SM90_STREAM_W8A16_*); at N = 4096 above, the portable stream
+    for m, k, want in ((1, 4096, (6, 1)), (8, 16384, (6, 2)), (0, 2048, (6, 1))):
+        assert ops.builtin_plan(m, 14336, k, "w8a16", 132, sm90=True) == want
+    for m, n in ((9, 14336), (16, 24576), (1, 7167)):
+        assert ops.builtin_plan(m, n, 4096, "w8a16", 132, sm90=True) == ops.builtin_plan(m, n, 4096, "w8a16", 132)
+    assert ops.builtin_plan(1, 14336, 4096, "w8a16", 132, sm90=True, batch_invariant=True)[0] == 2
+    assert ops.builtin_plan(1, 14336, 4096, "w8a16", 132, sm90=True, layout="nn")[0] != ops.SM90_STREAM_RECIPE
     for pair in ("w16a16", "w8a8", "fp8"):
         plans = {ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, batch_invariant=True) for m in (1, 65, 4096)}
         assert plans == {(4, 4)}

@@ -149,6 +149,14 @@ SM90_SPLITS = (1, 2, 4, 8)
 # Recipe 9 (64 tokens) is its pick up to M = 96; ahead of the portable plan at every timed cell.
 SM90_W8A16_MODEL = (0.908, 5.846, 1.238, 8.958, 0.687, 3.996, 2.113)
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
+# w8a16 takes recipe 6 in layout "nt" at M <= SM90_STREAM_W8A16_MAX_M where N >= SM90_STREAM_W8A16_MIN_N (>= 112
+# blocks of 64 weight rows), split 2 from K >= SM90_STREAM_W8A16_SPLIT2_K, else 1: where the H200 timed it ahead of
+# the portable weight stream, 1.06-1.13x on the four such cells of the nine (N, K) at M = 1 and 8 (eight consumer
+# warps, three CTAs a SM; behind it at smaller N and at M = 16). Rule chosen and scored on the same sweep
+# (docs/results/2026-12-04_h200_reduce_stream_ab_7e33f66.txt, image B; docs/benchmarks.md).
+SM90_STREAM_W8A16_MAX_M = 8
+SM90_STREAM_W8A16_MIN_N = 7168
+SM90_STREAM_W8A16_SPLIT2_K = 8192
 SM90_STREAM_SPLITS = (1, 2, 4)
 SM90_STREAM_ROWS = 64
 SM90_STREAM_MIN_K_TILES = 8
@@ -294,8 +302,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
 
     `sm90=True` (the device runs recipes 4-9: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
-    `SM90_STREAM_*` rule); every
-    pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the
+    `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` (split 1, or 2 from `K >= 8192`:
+    `SM90_STREAM_W8A16_*`); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the
     `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
     "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`).
 
@@ -315,6 +323,9 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     if sm90 and layout == "nt" and not batch_invariant and any(lo <= max(m, 1) <= hi
                                                                for lo, hi in SM90_STREAM_BANDS.get(pair, ())):
         return SM90_STREAM_RECIPE, _sm90_stream_split(m, n, k, pair, num_sms)
+    if (sm90 and layout == "nt" and not batch_invariant and pair == "w8a16" and max(m, 1) <= SM90_STREAM_W8A16_MAX_M
+            and n >= SM90_STREAM_W8A16_MIN_N):
+        return SM90_STREAM_RECIPE, (2 if k >= SM90_STREAM_W8A16_SPLIT2_K else 1)
     if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
     if sm90 and layout == "nt" and pair == "w8a16":
