@@ -156,8 +156,8 @@ def sm90(quick: bool = False):
 
 
 def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
-    """Recipes 7 and 9 (splits 1, 2, 4, 8) and 8 (1, 2, 4), Hopper w8a16, against cuBLAS bf16 on the bf16 weights, with the
-    portable built-in plan beside them; a result off the float64 reference by more than 2e-2 (relative) is
+    """Recipes 7 and 9 (splits 1, 2, 4, 8) and 8 (1, 2, 4), Hopper w8a16, against cuBLAS bf16 on the bf16 weights,
+    with the portable built-in plan beside them; a result off the float64 reference by more than 2e-2 (relative) is
     flagged. The input of SM90_W8A16_MODEL."""
     for m in ms:
         for n, k in NK:

@@ -182,7 +182,8 @@ def test_sm90_plan_table(case):
 def test_sm90_plan_scope():
     """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 6 (the weight stream)
     at the M of SM90_STREAM_BANDS (w8a16: M <= 8 at N >= 7168), 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other
-    layouts, the M between, w8a16 at M <= 16 below that N) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16 recipe 2."""
+    layouts, the M between, w8a16 at M <= 16 below that N) the plan is the portable one. Batch-invariant: recipe 4
+    at every M, split from (N, K); w8a16 recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
         stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8, 17, 32)}.get(pair, ())  # test_sm90_stream_plan
         for m in (1, 8, 9, 16, 17, 32, 33, 64):

@@ -303,8 +303,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     `sm90=True` (the device runs recipes 4-9: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` (split 1, or 2 from `K >= 8192`:
-    `SM90_STREAM_W8A16_*`); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split) of least estimated time (the
-    `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
+    `SM90_STREAM_W8A16_*`); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
+    of least estimated time (the `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
     "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`).
 
     Example
