@@ -176,7 +176,10 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
   }
 
   check(recipe >= 0 && recipe < kGemmRecipes, op, "recipe must be in [0, ", kGemmRecipes, "), got ", recipe);
-  check(split_k >= 1 && split_k <= kMaxSplitK, op, "split_k must be in [1, ", kMaxSplitK, "], got ", split_k);
+  const bool tail_recipe = recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1;
+  check((split_k >= 1 && split_k <= kMaxSplitK) || (split_k == 0 && tail_recipe), op, "split_k must be ",
+        tail_recipe ? "0 (the last wave split along K) or " : "", "in [1, ", kMaxSplitK, "], got ", split_k,
+        split_k == 0 ? " (0, the last wave split along K, is for recipes 4 and 5)" : "");
   check(recipe != kGemmSm90StreamRecipe || split_k <= kGemmSm90StreamMaxSplit, op, "split_k must be in [1, ",
         kGemmSm90StreamMaxSplit, "] for recipe ", kGemmSm90StreamRecipe,
         " (the sm_90a weight stream runs its K slices as one cluster of CTAs), got ", split_k);

@@ -582,6 +582,16 @@ std::vector<Case> shapes_for(int pair, int layout, int recipe) {
     v.push_back(shape(600, 4 * tn + 3, 2 * kt + kmin, 2));
     v.back().batch = 3;
   }
+  if (recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1) {
+    // split_k 0, the last wave split along K: 16 tiles (all of them split, a broadcast a), then 136 tiles (one
+    // wave of 132 whole, 4 split on an H100 / H200) with a padded output.
+    v.push_back(shape(129, 3 * tn + 5, 40 * kt + kmin, 0));
+    v.back().batch = 2;
+    v.back().a_batched = false;
+    v.push_back(shape(65, tn + 1, 16 * kt + kmin, 0));
+    v.back().batch = 68;
+    v.back().out_pad = 2;
+  }
   return v;
 }
 
@@ -657,6 +667,16 @@ std::vector<Case> make_cases(bool small) {
         c.epi = epilogues_of(kPairs[pi])[size_t(pi + recipe)];
         cases.push_back(c);
       }
+    // The last wave split (split_k 0) on recipes 4 (fp8) and 5 (bf16), skipped off an H100 / H200: 16 tiles, each
+    // in 2 K slices, a broadcast.
+    for (int pi : {0, 5}) {
+      const int recipe = pi == 0 ? kGemmFirstSm90Recipe + 1 : kGemmFirstSm90Recipe;
+      const std::vector<Case> tail = shapes_for(pi, 0, recipe);
+      Case c = tail[tail.size() - 2];
+      c.k = 16 * gemm_k_tile(kPairs[pi].pair) + min_aligned_k(kPairs[pi]);
+      c.epi = epilogues_of(kPairs[pi])[size_t(3 + pi)];
+      cases.push_back(c);
+    }
     Case odd = shapes_for(2, 0, 2)[4];  // bf16 x s8 on the stream kernel, odd K, b broadcast over 3 batches
     odd.m = 9;
     odd.epi = epilogues_of(kPairs[2])[5];
@@ -732,7 +752,8 @@ std::vector<Case> make_cases(bool small) {
 }
 
 // What the launcher promises beside the launch: tiles for every recipe id and none past them, a reason for an
-// unknown recipe, cudaErrorInvalidValue (no launch) for one, and no workspace without a split.
+// unknown recipe, cudaErrorInvalidValue (no launch) for one or for split_k 0 off recipes 4 and 5, and no workspace
+// without a split.
 bool check_launcher_contract() {
   bool ok = gemm_recipe_tile_m(kGemmRecipes) == 0 && gemm_recipe_tile_n(-1) == 0;
   for (int r = 0; r < kGemmRecipes; ++r) ok = ok && gemm_recipe_tile_m(r) > 0 && gemm_recipe_tile_n(r) > 0;
@@ -748,6 +769,9 @@ bool check_launcher_contract() {
     p.out_dtype = pi.group == Group::kW8A8 ? GemmOut::kS32 : GemmOut::kF32;
     ok = ok && gemm_workspace_bytes(p, pi.pair, 0) == 0;
     ok = ok && gemm_launch(p, pi.pair, kGemmRecipes, nullptr) == cudaErrorInvalidValue;
+    p.split_k = 0;  // the last wave split: recipes 4 and 5 only; nothing to split in one tile
+    ok = ok && gemm_launch(p, pi.pair, 0, nullptr) == cudaErrorInvalidValue &&
+         gemm_workspace_bytes(p, pi.pair, kGemmFirstSm90Recipe) == 0;
     p.split_k = 3;
     ok = ok && gemm_workspace_bytes(p, pi.pair, 0) >= 3 * 4;
   }

@@ -13,6 +13,10 @@ Input for the built-in plan's rules (ops/gemm.py) and the planning issue; not ga
   `torch._scaled_mm` (fp8), `torch._int_mm` (w8a8, M > 16) and the portable plan (recipe 2, or recipe 1 past M = 16);
   microseconds, the built-in pick, and a result off the float64 reference by more than 2e-2 (relative) flagged.
   `stream90-quick`: the same at M = 1 and 16; `stream90-w8a16`: w8a16 alone at M = 1, 8, 16, 32.
+- `sm90-tail`: the last wave split (split_k 0) on recipes 4 and 5 beside split 1 and the model's pick without it,
+  over M in MS x NK, w16a16 / fp8 (tensorwise and rowwise scales) / w8a8 against their anchors; `*` marks the
+  built-in pick, `=` the pick without the tail split. `sm90-tail-quick`: M = 1024 and 4096; `sm90-tail-mid`: M =
+  128, 256, 384, 512, 768 and 2048.
 - `w8a16-sm90`: recipes 7, 8 and 9 (Hopper w8a16) at their splits over M in 32-4096 x NK against cuBLAS bf16 and the
   portable plan; `w8a16-sm90-quick`: M = 256, 1024, 4096; `w8a16-sm90-small`: M = 17, 24, 48, 96;
   `w8a16-sm90-mid`: M = 32-256.
@@ -155,6 +159,45 @@ def sm90(quick: bool = False):
                 print(f"{name} M={m} N={n} K={k} anchor {anchor:.1f} us: " + "  ".join(row), flush=True)
 
 
+def sm90_tail(ms=(128, 256, 1024, 4096)):
+    """The last wave split (split_k = ops.TAIL_SPLIT) on recipes 4 and 5 beside split 1 and the model's pick without
+    it, every pair but w8a16 (anchors as `sm90`, fp8 also rowwise scales against rowwise `_scaled_mm`); the built-in
+    pick marked. A result off the anchor's by more than 2e-2 (relative) is flagged."""
+    e4 = torch.float8_e4m3fn
+    one = torch.ones((), device="cuda")
+    for m in ms:
+        for n, k in NK:
+            a16, b16 = torch.randn(m, k, device="cuda").bfloat16(), torch.randn(n, k, device="cuda").bfloat16()
+            a8 = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
+            b8 = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+            af, bf = a16.to(e4), b16.to(e4)
+            ra, rb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+            cases = [("w16a16", "w16a16", (a16, b16), lambda s: F.linear(s[0], s[1]), None, None, torch.bfloat16),
+                     ("fp8", "fp8", (af, bf),
+                      lambda s: torch._scaled_mm(s[0], s[1].t(), one, one, out_dtype=torch.bfloat16),
+                      one.reshape(1), one.reshape(1), torch.bfloat16),
+                     ("fp8_row", "fp8", (af, bf),
+                      lambda s: torch._scaled_mm(s[0], s[1].t(), ra, rb, out_dtype=torch.bfloat16),
+                      ra.reshape(m), rb.reshape(n), torch.bfloat16),
+                     ("w8a8", "w8a8", (a8, b8), lambda s: torch._int_mm(s[0], s[1].t()), None, None, torch.int32)]
+            for name, pair, sets, anchor_fn, sa, sb, out in cases:
+                anchor = us(anchor_fn, [sets])
+                ref = anchor_fn(sets).double()
+                pick = ops.builtin_plan(m, n, k, pair, NUM_SMS, sm90=True)
+                plain = ops._sm90_plan(m, n, k, pair, NUM_SMS, tail=False)
+                plans = [(4, 1), (4, 0)] + ([] if pair == "fp8" else [(5, 1), (5, 0)])
+                plans += [p for p in dict.fromkeys((plain, pick)) if p not in plans]
+                row = []
+                for plan in plans:
+                    got = op(sets[0], sets[1], sa, sb, None, out, 0, *plan).double()
+                    err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+                    t = us(lambda s: op(s[0], s[1], sa, sb, None, out, 0, *plan), [sets])
+                    mark = ("*" if plan == pick else "") + ("=" if plan == plain else "")
+                    flag = f" ERR {err:.1e}" if err > 2e-2 else ""
+                    row.append(f"{plan[0]}/{plan[1]}{mark} {anchor / t:.3f}{flag}")
+                print(f"{name} M={m} N={n} K={k} anchor {anchor:.1f} us: " + "  ".join(row), flush=True)
+
+
 def w8a16_sm90(ms=(32, 64, 128, 256, 1024, 4096)):
     """Recipes 7 and 9 (splits 1, 2, 4, 8) and 8 (1, 2, 4), Hopper w8a16, against cuBLAS bf16 on the bf16 weights,
     with the portable built-in plan beside them; a result off the float64 reference by more than 2e-2 (relative) is
@@ -185,6 +228,8 @@ if __name__ == "__main__":
         "stream90-quick": lambda: stream90(ms=(1, 16)),
         "stream90-w8a16": lambda: stream90(ms=(1, 8, 16, 32), pairs=("w8a16",)),
         "sm90": sm90, "sm90-quick": lambda: sm90(quick=True),
+        "sm90-tail": sm90_tail, "sm90-tail-quick": lambda: sm90_tail(ms=(1024, 4096)),
+        "sm90-tail-mid": lambda: sm90_tail(ms=(128, 256, 384, 512, 768, 2048)),
         "w8a16-sm90": w8a16_sm90,
         "w8a16-sm90-quick": lambda: w8a16_sm90(ms=(256, 1024, 4096)),
         "w8a16-sm90-small": lambda: w8a16_sm90(ms=(17, 24, 48, 96)),

@@ -155,8 +155,11 @@ SM90_PLAN_TABLE = {
     (4096, 4096, 4096, "w16a16"): (5, 1),   # 512 units of 128 x 256: 4 a SM
     (4096, 4096, 4096, "fp8"): (4, 1),      # fp8 has recipe 4 only
     (4096, 7168, 16384, "w8a8"): (5, 1),
-    (256, 2112, 7168, "w8a8"): (4, 2),
+    (256, 2112, 7168, "w8a8"): (4, 0),      # 34 tiles, each in 3 K slices (split 2: 2.5 µs more by the model)
     (1024, 24576, 1536, "w16a16"): (5, 1),
+    (1024, 2112, 7168, "w16a16"): (4, 0),   # 136 tiles: 132 whole, the last 4 in 14 K slices (split 1: 2 waves)
+    (4096, 2112, 7168, "fp8"): (4, 0),      # 544 tiles: 528 whole, 16 in 7 slices
+    (4096, 14336, 4096, "w16a16"): (5, 1),  # 1792 tiles: 13.6 waves, the last one's split not worth its partials
 }
 
 
@@ -165,7 +168,17 @@ def _sm90_cost(m, n, k, pair, recipe, split, sms=132):
     stage, unit = (stage_4, unit_4) if recipe == 4 else (stage_5, unit_5)
     k_tiles = -(-k // (64 if pair == "w16a16" else 128))
     tile_n = 128 if recipe == 4 else 256
-    q = -(-(-(-m // 128) * -(-n // tile_n) * split) // sms)
+    tiles = -(-m // 128) * -(-n // tile_n)
+    if split == 0:  # the last wave split, restated: whole waves, then one wave of the rest's K slices
+        rest = tiles % sms
+        slices = min(sms // rest, 16, k_tiles // 8) if rest else 1
+        if slices < 2:
+            return None
+        per = -(-k_tiles // slices)
+        slices = -(-k_tiles // per)
+        return ((tiles - rest) // sms * (stage * k_tiles + unit) + stage * per + unit
+                + split_cost * rest * 128 * tile_n * slices / 1e6)
+    q = -(-(tiles * split) // sms)
     return q * (stage * -(-k_tiles // split) + unit) + (split_cost * m * n * split / 1e6 if split > 1 else 0)
 
 
@@ -175,8 +188,30 @@ def test_sm90_plan_table(case):
     recipes = (4,) if pair == "fp8" else (4, 5)
     costs = {(r, s): _sm90_cost(m, n, k, pair, r, s) for r in recipes for s in (1, 2, 4, 8)
              if s == 1 or k // s >= 1024}
-    assert min(costs, key=costs.get) == SM90_PLAN_TABLE[case]
+    best = min(costs, key=costs.get)
+    # the last wave split only where it prices TAIL_MARGIN below the best plan without it
+    tails = {(r, 0): _sm90_cost(m, n, k, pair, r, 0) for r in recipes}
+    tails = {plan: cost for plan, cost in tails.items() if cost is not None}
+    if tails and min(tails.values()) * (1 + ops.TAIL_MARGIN) < costs[best]:
+        best = min(tails, key=tails.get)
+    assert best == SM90_PLAN_TABLE[case]
     assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == SM90_PLAN_TABLE[case]
+
+
+def test_tail_split_geometry():
+    """The last wave split's (whole, tail, split) as the launcher plans it: whole waves of 132 run whole, the rest
+    split into <= 16 slices of >= 8 K tiles with none empty; nothing to split on a whole last wave or short K."""
+    assert ops.tail_split(1024, 2112, 7168, "w16a16", 4, 132) == (132, 4, 14)   # 112 K tiles: 14 slices of 8
+    assert ops.tail_split(1024, 2112, 7168, "fp8", 4, 132) == (132, 4, 7)       # 56 K tiles: 7 of 8
+    assert ops.tail_split(4096, 2112, 7168, "w16a16", 4, 132) == (528, 16, 8)
+    assert ops.tail_split(256, 2112, 7168, "w8a8", 4, 132) == (0, 34, 3)       # under one wave: every tile split
+    assert ops.tail_split(1024, 2112, 1000, "w16a16", 4, 132) == (132, 4, 2)    # 16 K tiles: 2 slices of 8
+    assert ops.tail_split(1024, 2112, 960, "w16a16", 4, 132) == (136, 0, 1)     # 15 K tiles: too short to split
+    assert ops.tail_split(4096, 4096, 4096, "w16a16", 5, 128) == (512, 0, 1)    # 512 tiles: 4 whole waves
+    assert ops.tail_split(1024, 2112, 7168, "w16a16", 4, 132, batch=2) == (264, 8, 14)
+    assert ops.tail_split(128, 128, 8192, "w16a16", 4, 132) == (0, 1, 16)       # one tile: 16 slices of 8
+    assert ops.tail_split(128, 128, 8192 - 64, "w16a16", 4, 132) == (0, 1, 15)  # 127 K tiles: 15 slices of <= 9
+
 
 
 def test_sm90_plan_scope():

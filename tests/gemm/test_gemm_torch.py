@@ -218,8 +218,12 @@ def test_validation_out_and_layout():
         quant_gemm(a, b, path="cublas", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's recipe must be one of .*got 10"):
         quant_gemm(a, b, plan=(10, 1), path="torch", **kw)
-    with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got 0 \(0, the last "
+                                         r"wave split along K, is for recipes 4 and 5\)"):
         quant_gemm(a, b, plan=(0, 0), path="torch", **kw)
+    with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got -1$"):
+        quant_gemm(a, b, plan=(4, -1), path="torch", **kw)
+    quant_gemm(a, b, plan=(4, 0), path="torch", **kw)  # the last wave split: a plan of recipes 4 and 5
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be <= 8 for recipe 6 .*got 9"):
         quant_gemm(a, b, plan=(6, 9), path="torch", **kw)
 

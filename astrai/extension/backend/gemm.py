@@ -89,8 +89,9 @@ def _check_plan(fn: str, plan) -> None:
     recipe, split_k = plan
     if recipe not in ops.RECIPES:
         raise ValueError(f"{fn}: plan's recipe must be one of {tuple(ops.RECIPES)}, got {recipe!r}")
-    if not (isinstance(split_k, int) and split_k >= 1):
-        raise ValueError(f"{fn}: plan's split_k must be an int >= 1, got {split_k!r}")
+    if not (isinstance(split_k, int) and (split_k >= 1 or (split_k == ops.TAIL_SPLIT and recipe in ops.SM90_RECIPES))):
+        why = " (0, the last wave split along K, is for recipes 4 and 5)" if split_k == ops.TAIL_SPLIT else ""
+        raise ValueError(f"{fn}: plan's split_k must be an int >= 1, got {split_k!r}{why}")
     if recipe == ops.SM90_STREAM_RECIPE and split_k > ops.SM90_STREAM_MAX_SPLIT:
         raise ValueError(f"{fn}: plan's split_k must be <= {ops.SM90_STREAM_MAX_SPLIT} for recipe {recipe} (its K "
                          f"slices are one cluster of CTAs), got {split_k}")

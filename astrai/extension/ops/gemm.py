@@ -89,6 +89,16 @@ RECIPES = {
     9: Recipe("sm90_w8a16_narrow", 64, 128),  # M <= 64: m64n64 wgmma, no work on rows past M
 }
 SM90_RECIPES = (4, 5)  # the wgmma mainloop
+# split_k = TAIL_SPLIT on recipes 4 and 5, "the last wave split": the tiles of whole waves run whole, each tile past
+# them as up to TAIL_MAX_SPLIT K slices of >= TAIL_MIN_K_TILES K tiles, so the last wave fills the GPU (a second
+# kernel sums the slices in order). The kernel plans it for the device's SM count (`tail_split`).
+TAIL_SPLIT = 0
+TAIL_MAX_SPLIT = 16
+TAIL_MIN_K_TILES = 8
+# The built-in plan takes the last wave split where the model prices it at least this fraction below the best plan
+# without it: on the H200 sweep (docs/benchmarks.md) estimated gains under 2% timed -5% to +4%, gains from 4.7% on
+# timed +7% to +54%.
+TAIL_MARGIN = 0.03
 SM90_STREAM_RECIPE = 6
 SM90_W8A16_RECIPES = (7, 8, 9)  # Hopper w8a16 on wgmma
 SM90_STREAM_MAX_SPLIT = 8  # its K slices are the CTAs of one cluster (the portable cluster size)
@@ -129,8 +139,10 @@ STREAM_MIN_K_PER_SPLIT = 256
 # values). SM90_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, split_cost): least-squares fit (relative error) to
 # an H200 sweep of every recipe and split of 4 and 5 over M 128-4096 and the nine (N, K) of tests/bench/
 # probe_gemm_plans.py (docs/benchmarks.md): geomean regret against the best timed plan 1.8% (w16a16), 0.3% (fp8),
-# 0.9% (w8a8). fp8 has recipe 4 only. A batch-invariant plan is recipe 4 with the split of one row of tiles (both
-# from (N, K) alone).
+# 0.9% (w8a8). fp8 has recipe 4 only. The last wave split (split_k = TAIL_SPLIT) competes too, priced as its whole
+# waves, one wave of slices and split_cost per element of the slices' partials (`_least_cost_plan`), taken only
+# where strictly cheaper. A batch-invariant plan is recipe 4 with the split of one row of tiles (both from (N, K)
+# alone), never the last wave split (which tiles split depends on M).
 SM90_MIN_M = MEDIUM_M
 SM90_SPLITS = (1, 2, 4, 8)
 # The Hopper weight stream (recipe 6, `sm90_available`): in layout "nt" a pair runs it at the M of its
@@ -272,6 +284,21 @@ def _tiles(m: int, n: int, recipe: int) -> int:
     return math.ceil(m / tile.tile_m) * math.ceil(n / tile.tile_n)
 
 
+def tail_split(m: int, n: int, k: int, pair: str, recipe: int, num_sms: int, batch: int = 1) -> tuple[int, int, int]:
+    """What split_k = TAIL_SPLIT runs on recipe 4 or 5 (the launcher's `gemm_sm90_tail_plan`): `(whole, tail,
+    split)`, the tiles run whole (whole waves of `num_sms`), the tiles past them and the K slices each of those runs
+    as (no slice empty); split 1 where nothing splits (every tile whole)."""
+    tiles = _tiles(m, n, recipe) * batch
+    k_tiles = _k_tiles(k, pair)
+    rest = tiles % num_sms
+    split = min(num_sms // rest, TAIL_MAX_SPLIT, k_tiles // TAIL_MIN_K_TILES) if rest else 1
+    if split >= 2:
+        split = math.ceil(k_tiles / math.ceil(k_tiles / split))
+    if split < 2:
+        return tiles, 0, 1
+    return tiles - rest, rest, split
+
+
 def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
                  batch_invariant: bool = False, layout: str = "nt", sm90: bool = False) -> tuple[int, int]:
     """The built-in plan `(recipe, split_k)` for an `[M, K] x [K, N]` problem of `pair` on `num_sms` SMs.
@@ -304,7 +331,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` (split 1, or 2 from `K >= 8192`:
     `SM90_STREAM_W8A16_*`); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
-    of least estimated time (the `SM90_*` model); with `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
+    of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them); with
+    `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
     "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`).
 
     Example
@@ -370,10 +398,13 @@ def _large_m_plan(m: int, n: int, k: int, pair: str, num_sms: int, layout: str,
     return best
 
 
-def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, split_cost: float) -> tuple[int, int]:
+def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, split_cost: float,
+                     tail: bool = False) -> tuple[int, int]:
     """The (recipe, split) of least estimated time over `recipes` ((recipe, stage, unit), a None stage skipped) and
     SM90_SPLITS: q * (stage * ceil(k_tiles / s) + unit) + split_cost * M * N * s / 1e6 (the SM90_MODEL form); ties
-    keep the first recipe and the smaller split."""
+    keep the first recipe and the smaller split. `tail`: also TAIL_SPLIT, priced as its whole waves, one wave of
+    slices and split_cost per element of the slices' partials (`tail_split`), taken only when at least TAIL_MARGIN
+    cheaper than the best plan without it."""
     k_tiles = _k_tiles(k, pair)
     best, best_cost = (recipes[0][0], 1), math.inf
     for recipe, stage, unit in recipes:
@@ -388,6 +419,16 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
                 cost += split_cost * m * n * split / 1e6
             if cost < best_cost:
                 best, best_cost = (recipe, split), cost
+    if tail:
+        for recipe, stage, unit in recipes:
+            whole, rest, split = tail_split(m, n, k, pair, recipe, num_sms) if stage is not None else (0, 0, 1)
+            if split < 2:
+                continue
+            tile = RECIPES[recipe]
+            cost = (whole // num_sms) * (stage * k_tiles + unit) + stage * math.ceil(k_tiles / split) + unit
+            cost += split_cost * rest * tile.tile_m * tile.tile_n * split / 1e6
+            if cost * (1 + TAIL_MARGIN) < best_cost:
+                best, best_cost = (recipe, TAIL_SPLIT), cost * (1 + TAIL_MARGIN)
     return best
 
 
@@ -400,10 +441,12 @@ def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
-    """The Hopper mainloop's (recipe, split): recipes 4 and 5 by SM90_MODEL[pair] (fp8: 4 only)."""
+def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int, tail: bool = True) -> tuple[int, int]:
+    """The Hopper mainloop's (recipe, split): recipes 4 and 5 by SM90_MODEL[pair] (fp8: 4 only), with the last wave
+    split (TAIL_SPLIT) where the model prices it lower (`tail=False`: never)."""
     stage_4, unit_4, stage_5, unit_5, split_cost = SM90_MODEL[pair]
-    return _least_cost_plan(m, n, k, pair, num_sms, ((4, stage_4, unit_4), (5, stage_5, unit_5)), split_cost)
+    return _least_cost_plan(m, n, k, pair, num_sms, ((4, stage_4, unit_4), (5, stage_5, unit_5)), split_cost,
+                            tail=tail)
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,6 +39,17 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout);
 // kernel sums every split itself: split_k == 1, and w8a16's weight stream up to kGemmStreamMaxWarpsK splits).
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe);
 
+// split_k = 0 on recipes 4 and 5 ("the last wave split"): the persistent grid runs the first `tail_from` tiles (whole
+// waves of num_sms) whole and each of the `tail_tiles` left as `split` K slices of `k_tiles_per_split` K tiles (no
+// slice empty), so the last wave fills the GPU; split 1 (nothing to split) runs every tile whole. The slices'
+// partials go to a [tail_tiles][split][tile_m][tile_n] workspace, summed in slice order by a second kernel.
+struct GemmTailPlan {
+  int32_t tail_from, tail_tiles, split, k_tiles_per_split;
+};
+constexpr int kGemmTailMaxSplit = 16;
+constexpr int kGemmTailMinKTiles = 8;  // K tiles a slice at least
+GemmTailPlan gemm_sm90_tail_plan(const GemmParams& p, int tile_m, int tile_n, int k_tile, int num_sms);
+
 // w8a16's recipe 2 in layout nt (the weight-stream kernel) runs up to this many K splits as the warps of one CTA,
 // summed in split order inside it; a larger split_k adds CTAs along K and a reduction of their partials.
 constexpr int kGemmStreamMaxWarpsK = 24;

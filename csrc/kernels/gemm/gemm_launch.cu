@@ -1,4 +1,5 @@
 // The GEMM family's launcher: recipe facts, what this image cannot run, and the launch of a given plan.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/host/align.h"
@@ -84,8 +85,30 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
   return nullptr;
 }
 
+GemmTailPlan gemm_sm90_tail_plan(const GemmParams& p, int tile_m, int tile_n, int k_tile, int num_sms) {
+  const int k_tiles = ceil_div(p.k, k_tile);
+  const int64_t tiles = int64_t(ceil_div(p.m, tile_m)) * ceil_div(p.n, tile_n) * p.batch;
+  GemmTailPlan t{int32_t(tiles), 0, 1, k_tiles};
+  const int64_t rest = num_sms > 0 ? tiles % num_sms : 0;
+  if (rest == 0) return t;
+  int split = int(std::min<int64_t>({num_sms / rest, kGemmTailMaxSplit, k_tiles / kGemmTailMinKTiles}));
+  if (split < 2) return t;
+  const int per = ceil_div(k_tiles, split);
+  split = ceil_div(k_tiles, per);  // the slices a split into `per` K tiles makes: none empty
+  if (split < 2) return t;
+  return {int32_t(tiles - rest), int32_t(rest), split, per};
+}
+
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe) {
   if (recipe == kGemmSm90StreamRecipe) return 0;  // its slices are summed inside their cluster
+  if (p.split_k == 0) {  // recipes 4 and 5: the tail's slices (0 where nothing splits or the device is unknown)
+    DeviceFacts facts{};
+    if (current_device_facts(&facts) != cudaSuccess) return 0;
+    const GemmTailPlan t = gemm_sm90_tail_plan(p, gemm_recipe_tile_m(recipe), gemm_recipe_tile_n(recipe),
+                                               gemm_k_tile(pair), facts.sm_count);
+    if (t.split < 2) return 0;
+    return int64_t(t.tail_tiles) * t.split * gemm_recipe_tile_m(recipe) * gemm_recipe_tile_n(recipe) * 4;
+  }
   int64_t parts = p.split_k;
   if ((pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8) && p.layout == GemmLayout::kNT && recipe == 2)
     parts = ceil_div<int64_t>(p.split_k, kGemmStreamMaxWarpsK);  // the stream kernel's CTAs along K
@@ -134,7 +157,14 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout) {
 cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream) {
   if (recipe < 0 || recipe >= kGemmRecipes) return cudaErrorInvalidValue;
   const int k_tiles = ceil_div(p.k, gemm_k_tile(pair));
-  p.k_tiles_per_split = ceil_div(k_tiles, p.split_k);
+  // split_k 0 (recipes 4 and 5, checked by the binding): the sm_90a launcher plans the tail; any kernel that runs
+  // the call instead runs it unsplit.
+  const bool tail_split = p.split_k == 0;
+  if (tail_split && recipe != kGemmFirstSm90Recipe && recipe != kGemmFirstSm90Recipe + 1)
+    return cudaErrorInvalidValue;
+  p.k_tiles_per_split = tail_split ? k_tiles : ceil_div(k_tiles, p.split_k);
+  p.tail_from = 0;
+  p.tail_split = 0;
   p.transpose_out = 0;
   GemmPair swapped{};
   if (p.layout == GemmLayout::kTT && swapped_pair(pair, &swapped)) {
@@ -175,9 +205,10 @@ cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t st
       default: st = gemm::sm90_launch_fp8(p, pair, recipe, stream); break;
     }
     // An operand the TMA cannot describe (a base address not 16-byte aligned): the portable recipe of the same
-    // tile rows runs it (same split, same workspace).
+    // tile rows runs it (same split, same workspace; unsplit for split_k 0).
     if (st != cudaErrorNotSupported) return st;
     recipe = 0;
+    if (tail_split) p.split_k = 1;
   }
   switch (pair) {
     case GemmPair::kBf16Bf16:

@@ -38,8 +38,14 @@ struct GemmParams {
   int64_t b_row_stride, b_batch_stride;
   int64_t out_row_stride, out_batch_stride;
   int32_t m, n, k, batch;
-  int32_t split_k;             // >= 1: K-tile slices reduced by gemm_reduce in a fixed order
-  int32_t k_tiles_per_split;   // ceil(k_tiles / split_k), set by the launcher
+  int32_t split_k;             // >= 1: K-tile slices reduced by gemm_reduce in a fixed order; 0 (recipes 4 and 5):
+                               // the tiles past the last whole wave split along K (tail_from / tail_split)
+  int32_t k_tiles_per_split;   // ceil(k_tiles / split_k) (split_k 0: / tail_split), set by the launcher
+  // split_k 0, set by the launcher (gemm_sm90_tail_plan): units below tail_from are whole tiles; each tile from
+  // tail_from on runs as tail_split K slices whose partials gemm_sm90_tail_reduce_kernel sums in slice order.
+  // tail_split 0: no such split.
+  int32_t tail_from;
+  int32_t tail_split;
   int32_t a_scale_per_row;     // 1: a_scale has m values
   int32_t b_scale_per_col;     // 1: b_scale has n values
   GemmOut out_dtype;

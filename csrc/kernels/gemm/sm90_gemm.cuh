@@ -23,6 +23,7 @@
 #include <cuda.h>
 
 #include "kernels/common/ptx/arch.cuh"
+#include "kernels/common/ptx/griddep.cuh"
 #include "kernels/common/ptx/mbarrier.cuh"
 #include "kernels/common/ptx/smem.cuh"
 #include "kernels/common/ptx/sync.cuh"
@@ -85,23 +86,63 @@ struct Sm90Recipe {
 using Sm90RecipeN128 = Sm90Recipe<128>;
 using Sm90RecipeN256 = Sm90Recipe<256>;
 
-// Unit u -> (batch, tile row, tile column, K slice): slices outermost, then batches, then the grouped raster.
-struct Sm90Unit {
-  int bz, m_tile, n_tile, split;
+// Tile t (batches outermost, then the grouped raster) -> (batch, tile row, tile column).
+struct Sm90Tile {
+  int bz, m_tile, n_tile;
 };
 template <class R>
-__device__ __forceinline__ Sm90Unit sm90_unit(int u, int tiles_m, int tiles_n, int batch) {
+__device__ __forceinline__ Sm90Tile sm90_tile(int t, int tiles_m, int tiles_n) {
   const int per_batch = tiles_m * tiles_n;
-  Sm90Unit w;
-  w.split = u / (per_batch * batch);
-  const int v = u % (per_batch * batch);
-  w.bz = v / per_batch;
-  const int t = v % per_batch;
+  Sm90Tile w;
+  w.bz = t / per_batch;
+  t %= per_batch;
   const int group = t / (R::kGroupM * tiles_n), first_m = group * R::kGroupM;
   const int rows = min(R::kGroupM, tiles_m - first_m);
   const int local = t - group * R::kGroupM * tiles_n;
   w.m_tile = first_m + local % rows;
   w.n_tile = local / rows;
+  return w;
+}
+
+// Unit u -> its tile, K slice and K tiles [kt0, kt1). split_k > 0: slices outermost (units = tiles * split_k).
+// tail_split > 1 (split_k 0): units below tail_from are whole tiles, then each tile from tail_from on as tail_split
+// consecutive slices. `partial`: the sums go to the workspace; `tail`: at ws_tile, the tile's [kBM][kBN] block of
+// the tail's workspace.
+struct Sm90Unit {
+  int bz, m_tile, n_tile, split, kt0, kt1;
+  bool partial, tail;
+  int64_t ws_tile;
+};
+template <class R>
+__device__ __forceinline__ Sm90Unit sm90_unit(const GemmParams& p, int u, int tiles_m, int tiles_n, int k_tiles) {
+  const int tiles = tiles_m * tiles_n * p.batch;
+  int t;
+  Sm90Unit w;
+  w.tail = p.tail_split > 1 && u >= p.tail_from;
+  w.ws_tile = 0;
+  if (p.tail_split > 1) {
+    if (!w.tail) {
+      t = u;
+      w.split = 0;
+    } else {
+      const int v = u - p.tail_from;
+      t = p.tail_from + v / p.tail_split;
+      w.split = v % p.tail_split;
+      w.ws_tile = (int64_t(v) * R::kBM) * R::kBN;  // block (t - tail_from) * tail_split + split
+    }
+    w.partial = w.tail;
+  } else {
+    w.split = u / tiles;
+    t = u % tiles;
+    w.partial = p.split_k > 1;
+  }
+  const Sm90Tile tile = sm90_tile<R>(t, tiles_m, tiles_n);
+  w.bz = tile.bz;
+  w.m_tile = tile.m_tile;
+  w.n_tile = tile.n_tile;
+  const bool whole = p.tail_split > 1 && !w.tail;
+  w.kt0 = whole ? 0 : w.split * p.k_tiles_per_split;
+  w.kt1 = whole ? k_tiles : min(w.kt0 + p.k_tiles_per_split, k_tiles);
   return w;
 }
 
@@ -125,16 +166,29 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
   constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kChunks = R::kBN / kChunkCols, kPerUnit = 16 / kE;
   const int tid = threadIdx.x % 128, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
   const int row0 = w.m_tile * R::kBM + cw * 64, col0 = w.n_tile * R::kBN;
+  // Where the copy-out goes: (dst_row0, dst_col0) of `out + batch_base` with `row_stride`, rows and columns below
+  // (rows_end, cols_end). A tail slice's block is the whole tile: local coordinates, nothing out of bounds.
   Out* out;
-  int64_t batch_base;
+  int64_t batch_base, row_stride;
+  int dst_row0 = row0, dst_col0 = col0, rows_end = p.m, cols_end = p.n;
   if constexpr (kPartial) {
     out = static_cast<Out*>(p.workspace);
-    batch_base = (int64_t(w.bz) * p.split_k + w.split) * p.m * p.n;
+    if (w.tail) {
+      batch_base = w.ws_tile;
+      row_stride = R::kBN;
+      dst_row0 = cw * 64;
+      dst_col0 = 0;
+      rows_end = R::kBM;
+      cols_end = R::kBN;
+    } else {
+      batch_base = (int64_t(w.bz) * p.split_k + w.split) * p.m * p.n;
+      row_stride = p.n;
+    }
   } else {
     out = static_cast<Out*>(p.out);
     batch_base = w.bz * p.out_batch_stride;
+    row_stride = p.out_row_stride;
   }
-  const int64_t row_stride = kPartial ? int64_t(p.n) : p.out_row_stride;
   float sa[2] = {1.f, 1.f}, sb_all = 1.f;
   if constexpr (!kRaw && kUniform) {
     sa[0] = sa[1] = p.a_scale ? p.a_scale[0] : 1.f;
@@ -146,43 +200,81 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
       sa[h] = p.a_scale && row < p.m ? p.a_scale[p.a_scale_per_row ? row : 0] : 1.f;
     }
   }
-  const bool whole = row0 + 64 <= p.m && col0 + R::kBN <= p.n && (row_stride * kE) % 16 == 0 &&
+  const bool whole = dst_row0 + 64 <= rows_end && dst_col0 + R::kBN <= cols_end && (row_stride * kE) % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(out + batch_base) & 15) == 0;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     named_barrier_sync(1 + cw, 128);  // the previous chunk (or tile) has been copied out of buf
+    // Per-column factors (scale, bias) of kGroupJ column pairs (8 jj + 2 t + e) at a time, loaded before they are
+    // used: independent global loads kept in flight together. Read inside the conversion, one column at a time
+    // behind bounds and type branches, their latencies added up (fp8 rowwise ran 20% slower than tensorwise).
+    // Groups of 8 pairs keep recipe 5's 128 accumulators from spilling. A column past N reads column N - 1's
+    // values and is never stored.
+    constexpr int kGroupJ = kChunkCols / 8 < 8 ? kChunkCols / 8 : 8;
 #pragma unroll
-    for (int jj = 0; jj < kChunkCols / 8; ++jj) {
-      const int j = c * (kChunkCols / 8) + jj;
-      const int col = col0 + 8 * j + 2 * t;
-      float sb0 = sb_all, sb1 = sb_all, b0 = 0.f, b1 = 0.f;
+    for (int j0 = 0; j0 < kChunkCols / 8; j0 += kGroupJ) {
+      float csb[kGroupJ][2], cbias[kGroupJ][2];
       if constexpr (!kRaw && !kUniform) {
-        if (p.b_scale && col < p.n) {
-          sb0 = p.b_scale[p.b_scale_per_col ? col : 0];
-          sb1 = col + 1 < p.n ? p.b_scale[p.b_scale_per_col ? col + 1 : 0] : 1.f;
+        auto column = [&](int jj, int e) { return min(col0 + c * kChunkCols + 8 * (j0 + jj) + 2 * t + e, p.n - 1); };
+        const int step = p.b_scale_per_col ? 1 : 0;
+#pragma unroll
+        for (int jj = 0; jj < kGroupJ; ++jj) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            csb[jj][e] = p.b_scale ? __ldg(p.b_scale + column(jj, e) * step) : 1.f;
+            cbias[jj][e] = 0.f;
+          }
         }
-        if (p.bias_dtype != GemmBias::kNone && col < p.n) {
-          b0 = bias_at(p, col);
-          b1 = col + 1 < p.n ? bias_at(p, col + 1) : 0.f;
+        // One branch a group on the bias type (the same for the whole grid), not one a column.
+        const float* const bias_f32 = static_cast<const float*>(p.bias);
+        const __nv_bfloat16* const bias_bf16 = static_cast<const __nv_bfloat16*>(p.bias);
+        const __half* const bias_f16 = static_cast<const __half*>(p.bias);
+        if (p.bias_dtype == GemmBias::kF32) {
+#pragma unroll
+          for (int jj = 0; jj < kGroupJ; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) cbias[jj][e] = __ldg(bias_f32 + column(jj, e));
+        } else if (p.bias_dtype == GemmBias::kBf16) {
+#pragma unroll
+          for (int jj = 0; jj < kGroupJ; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) cbias[jj][e] = __bfloat162float(__ldg(bias_bf16 + column(jj, e)));
+        } else if (p.bias_dtype == GemmBias::kF16) {
+#pragma unroll
+          for (int jj = 0; jj < kGroupJ; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) cbias[jj][e] = __half2float(__ldg(bias_f16 + column(jj, e)));
         }
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * warp + g + 8 * h;
-        const int byte = (8 * jj + 2 * t) * kE;
-        Out* dst = reinterpret_cast<Out*>(buf + r * 256 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16);
-        const Acc v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-        if constexpr (kRaw) {
-          dst[0] = Out(v0);
-          dst[1] = Out(v1);
-        } else if constexpr (std::is_same<Out, float>::value) {
-          dst[0] = float(v0) * sa[h] * sb0 + b0;
-          dst[1] = float(v1) * sa[h] * sb1 + b1;
-        } else if constexpr (std::is_same<Out, __half>::value) {
-          *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(float(v0) * sa[h] * sb0 + b0, float(v1) * sa[h] * sb1 + b1);
-        } else {
-          *reinterpret_cast<__nv_bfloat162*>(dst) =
-              __floats2bfloat162_rn(float(v0) * sa[h] * sb0 + b0, float(v1) * sa[h] * sb1 + b1);
+      for (int jq = 0; jq < kGroupJ; ++jq) {
+        const int jj = j0 + jq, j = c * (kChunkCols / 8) + jj;
+        float sb0 = sb_all, sb1 = sb_all, b0 = 0.f, b1 = 0.f;
+        if constexpr (!kRaw && !kUniform) {
+          sb0 = csb[jq][0];
+          sb1 = csb[jq][1];
+          b0 = cbias[jq][0];
+          b1 = cbias[jq][1];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * warp + g + 8 * h;
+          const int byte = (8 * jj + 2 * t) * kE;
+          Out* dst = reinterpret_cast<Out*>(buf + r * 256 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16);
+          const Acc v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+          if constexpr (kRaw) {
+            dst[0] = Out(v0);
+            dst[1] = Out(v1);
+          } else if constexpr (std::is_same<Out, float>::value) {
+            dst[0] = float(v0) * sa[h] * sb0 + b0;
+            dst[1] = float(v1) * sa[h] * sb1 + b1;
+          } else if constexpr (std::is_same<Out, __half>::value) {
+            *reinterpret_cast<__half2*>(dst) =
+                __floats2half2_rn(float(v0) * sa[h] * sb0 + b0, float(v1) * sa[h] * sb1 + b1);
+          } else {
+            *reinterpret_cast<__nv_bfloat162*>(dst) =
+                __floats2bfloat162_rn(float(v0) * sa[h] * sb0 + b0, float(v1) * sa[h] * sb1 + b1);
+          }
         }
       }
     }
@@ -190,15 +282,17 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
 #pragma unroll
     for (int i = 0; i < 64 * 16 / 128; ++i) {
       const int q = tid + 128 * i, r = q / 16, u = q % 16;
-      const int row = row0 + r, col = col0 + c * kChunkCols + u * kPerUnit;
-      if (!whole && (row >= p.m || col >= p.n)) continue;
+      const int row = dst_row0 + r, col = dst_col0 + c * kChunkCols + u * kPerUnit;
+      if (!whole && (row >= rows_end || col >= cols_end)) continue;
       const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 256 + ((u ^ (r & 7)) * 16));
       Out* dst = out + batch_base + int64_t(row) * row_stride + col;
-      if (whole || (col + kPerUnit <= p.n && (reinterpret_cast<uintptr_t>(dst) & 15) == 0)) {
+      if (whole || (col + kPerUnit <= cols_end && (reinterpret_cast<uintptr_t>(dst) & 15) == 0)) {
         *reinterpret_cast<uint4*>(dst) = v;
       } else {
         const Out* src = reinterpret_cast<const Out*>(&v);
-        for (int e = 0; e < kPerUnit && col + e < p.n; ++e) dst[e] = src[e];
+#pragma unroll
+        for (int e = 0; e < kPerUnit; ++e)
+          if (col + e < cols_end) dst[e] = src[e];
       }
     }
   }
@@ -247,7 +341,8 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   uint64_t* const empty = full + R::kStages;
   const int wg = threadIdx.x / 128;
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
-  const int units = tiles_m * tiles_n * p.batch * p.split_k;
+  const int tiles = tiles_m * tiles_n * p.batch;
+  const int units = p.tail_split > 1 ? p.tail_from + (tiles - p.tail_from) * p.tail_split : tiles * p.split_k;
   const int k_tiles = (p.k * P::kEltBytes + R::kBKBytes - 1) / R::kBKBytes;
   constexpr int kBK = R::kBKBytes / P::kEltBytes;  // K values a stage
   if (threadIdx.x == 0) {
@@ -265,9 +360,8 @@ __global__ void __launch_bounds__(R::kThreads, 1)
       const bool a_bcast = p.a_batch_stride == 0, b_bcast = p.b_batch_stride == 0;
       int it = 0;  // stages issued so far, across units: the ring position
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const Sm90Unit w = sm90_unit<R>(u, tiles_m, tiles_n, p.batch);
-        const int kt0 = w.split * p.k_tiles_per_split, kt1 = min(kt0 + p.k_tiles_per_split, k_tiles);
-        for (int kt = kt0; kt < kt1; ++kt, ++it) {
+        const Sm90Unit w = sm90_unit<R>(p, u, tiles_m, tiles_n, k_tiles);
+        for (int kt = w.kt0; kt < w.kt1; ++kt, ++it) {
           const int s = it % R::kStages;
           mbarrier_wait_sleep(&empty[s], (uint32_t(it / R::kStages) & 1u) ^ 1u);  // a fresh barrier's previous phase counts
           uint8_t* const stage = smem + s * R::kStageBytes;
@@ -299,8 +393,8 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   };
   int it = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Sm90Unit w = sm90_unit<R>(u, tiles_m, tiles_n, p.batch);
-    const int kt0 = w.split * p.k_tiles_per_split, kt1 = min(kt0 + p.k_tiles_per_split, k_tiles);
+    const Sm90Unit w = sm90_unit<R>(p, u, tiles_m, tiles_n, k_tiles);
+    const int kt0 = w.kt0, kt1 = w.kt1;
     if constexpr (P::kPromote) {
       // Two sets of stage sums: the second stage's wgmma run while the first stage's sum is added to acc, so the
       // tensor cores drain once every two stages instead of every stage.
@@ -338,16 +432,20 @@ __global__ void __launch_bounds__(R::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < R::kBN / 2; ++i) wgmma_fence_operand(acc[i]);
     }
-    const bool partial = p.split_k > 1;
+    const bool partial = w.partial;
     if (kt1 <= kt0) {  // an empty K slice (split_k past the K tiles, or K = 0): zeros (its own path: no spills)
       for (int h = 0; h < 2; ++h) {
-        const int row = w.m_tile * R::kBM + cw * 64 + 16 * warp + g + 8 * h;
-        if (row >= p.m) continue;
+        const int lrow = cw * 64 + 16 * warp + g + 8 * h, row = w.m_tile * R::kBM + lrow;
+        if (row >= p.m && !w.tail) continue;
         for (int j = 0; j < R::kBN / 8; ++j) {
-          const int col = w.n_tile * R::kBN + 8 * j + 2 * t;
-          if (col >= p.n) continue;
+          const int lcol = 8 * j + 2 * t, col = w.n_tile * R::kBN + lcol;
+          if (col >= p.n && !w.tail) continue;
           const bool two = col + 1 < p.n;
-          if (partial) {
+          if (w.tail) {  // the slice's whole block (the tail's slices are never empty; kept for safety)
+            Acc* ws = static_cast<Acc*>(p.workspace) + w.ws_tile + lrow * R::kBN + lcol;
+            ws[0] = Acc(0);
+            ws[1] = Acc(0);
+          } else if (partial) {
             Acc* ws = static_cast<Acc*>(p.workspace) + ((int64_t(w.bz) * p.split_k + w.split) * p.m + row) * p.n + col;
             ws[0] = Acc(0);
             if (two) ws[1] = Acc(0);
@@ -383,6 +481,44 @@ __global__ void __launch_bounds__(R::kThreads, 1)
       }
     }
   }
+#endif
+}
+
+// The tail's reduction (split_k 0): block x is tail tile tail_from + x, a thread 4 columns of one of its rows: the
+// tail_split partials of its block added in slice order (kReduceBatch slices' loads in flight together), then
+// store_out's arithmetic (scales, bias, out dtype). Launched as a programmatic dependent where the code is sm_90+:
+// it waits for the GEMM's grid before its first read.
+constexpr int kTailReduceThreads = 256;
+template <class Acc, class R>
+__global__ void __launch_bounds__(kTailReduceThreads)
+    gemm_sm90_tail_reduce_kernel(const __grid_constant__ GemmParams p) {
+#if ASTRAI_WGMMA  // only recipes 4 and 5 launch it: a stub in the other arches' code
+  wait_prerequisites();
+  const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
+  const Sm90Tile w = sm90_tile<R>(p.tail_from + int(blockIdx.x), tiles_m, tiles_n);
+  const int e = 4 * int(blockIdx.y * kTailReduceThreads + threadIdx.x);  // element of the tile's block
+  const int row = w.m_tile * R::kBM + e / R::kBN, col = w.n_tile * R::kBN + e % R::kBN;
+  if (row >= p.m || col >= p.n) return;
+  constexpr int64_t kBlock = int64_t(R::kBM) * R::kBN;
+  const Acc* const ws = static_cast<const Acc*>(p.workspace) + int64_t(blockIdx.x) * p.tail_split * kBlock + e;
+  Acc sum[4];
+  for (int s0 = 0; s0 < p.tail_split; s0 += kReduceBatch) {
+    uint4 q[kReduceBatch];
+#pragma unroll
+    for (int i = 0; i < kReduceBatch; ++i)
+      if (s0 + i < p.tail_split) q[i] = *reinterpret_cast<const uint4*>(ws + (s0 + i) * kBlock);
+#pragma unroll
+    for (int i = 0; i < kReduceBatch; ++i) {
+      if (s0 + i >= p.tail_split) break;
+      const Acc v[4] = {acc_from_bits<Acc>(q[i].x), acc_from_bits<Acc>(q[i].y), acc_from_bits<Acc>(q[i].z),
+                        acc_from_bits<Acc>(q[i].w)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[e] = s0 + i == 0 ? v[e] : sum[e] + v[e];  // slice order
+    }
+  }
+  const int cols = min(4, p.n - col);
+  store_out<Acc>(p, w.bz, row, col, sum[0], sum[1], cols > 1);
+  if (cols > 2) store_out<Acc>(p, w.bz, row, col + 2, sum[2], sum[3], cols > 3);
 #endif
 }
 

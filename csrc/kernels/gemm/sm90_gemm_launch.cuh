@@ -11,6 +11,7 @@
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
 #include "kernels/common/host/tensor_map.h"
+#include "kernels/gemm/gemm.h"
 #include "kernels/gemm/sm80_gemm_launch.cuh"
 #include "kernels/gemm/sm90_gemm.cuh"
 
@@ -49,11 +50,31 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
   auto* kernel = &gemm_sm90_kernel<kPair, R>;
   static std::atomic<uint64_t> smem_set{0};
   ASTRAI_CUDA_TRY(allow_smem(kernel, R::kSmemBytes, smem_set));
-  const int64_t units = int64_t(ceil_div(p.m, R::kBM)) * ceil_div(p.n, R::kBN) * p.batch * p.split_k;
+  const int64_t tiles = int64_t(ceil_div(p.m, R::kBM)) * ceil_div(p.n, R::kBN) * p.batch;
+  GemmParams q = p;
+  int64_t units = tiles * p.split_k;
+  if (p.split_k == 0) {  // the last wave split (gemm.h), planned for this device's SMs
+    const GemmTailPlan t = gemm_sm90_tail_plan(p, R::kBM, R::kBN, 128 / P::kEltBytes, facts.sm_count);
+    q.split_k = 1;
+    q.k_tiles_per_split = t.k_tiles_per_split;
+    q.tail_from = t.tail_from;
+    q.tail_split = t.split > 1 ? t.split : 0;
+    units = t.split > 1 ? int64_t(t.tail_from) + int64_t(t.tail_tiles) * t.split : tiles;
+  }
   const unsigned grid = unsigned(std::min<int64_t>(units, facts.sm_count));
-  kernel<<<grid, R::kThreads, R::kSmemBytes, stream>>>(map_a, map_b, p);
+  if (grid == 0) return cudaSuccess;
+  kernel<<<grid, R::kThreads, R::kSmemBytes, stream>>>(map_a, map_b, q);
   ASTRAI_CUDA_TRY(cudaGetLastError());
-  if (p.split_k > 1) return launch_split_reduce<typename P::Acc>(p, stream);
+  if (q.tail_split > 1) {  // as a programmatic dependent where the split-K reduction is one (ASTRAI_GEMM_PDL)
+    constexpr int kBlocksPerTile = R::kBM * R::kBN / (4 * kTailReduceThreads);
+    auto* reduce = &gemm_sm90_tail_reduce_kernel<typename P::Acc, R>;
+    static PdlCodeCache known;
+    bool pdl = false;
+    if (!env_knob_off("ASTRAI_GEMM_PDL")) ASTRAI_CUDA_TRY(code_waits_for_grid(reduce, known, &pdl));
+    return launch_maybe_dependent(reduce, dim3(unsigned(tiles - q.tail_from), kBlocksPerTile),
+                                  dim3(kTailReduceThreads), 0, stream, pdl, q);
+  }
+  if (q.split_k > 1) return launch_split_reduce<typename P::Acc>(q, stream);
   return cudaSuccess;
 }
 

@@ -303,6 +303,61 @@ def test_sm90_fp8_error_vs_scaled_mm(pair):
     assert ours <= 2 * theirs + 1e-7, (ours, theirs)
 
 
+# (B, M, N, K) for the last wave split (split_k 0): every tile split (fewer tiles than SMs, b broadcast); whole waves
+# then a split tail (B = 68 x 2 tiles = 136 on 132 SMs, both tile widths), N off the tile; M = 1000 x N = 2112 (the
+# grid's tail shape: 136 tiles of recipe 4; recipe 5's 72 tiles leave nothing to split: every tile whole).
+TAIL_CASES = [(2, 129, 389, 2608), (68, 65, 257, 2064), (1, 1000, 2112, 2048)]
+
+
+@pytest.mark.parametrize("pair", SM90_PAIRS, ids=SM90_PAIR_IDS)
+@pytest.mark.parametrize("recipe", ops.SM90_RECIPES)
+@pytest.mark.parametrize("case", TAIL_CASES, ids=lambda c: "B{}-M{}-N{}-K{}".format(*c))
+def test_sm90_tail_split_matches_float64(pair, recipe, case):
+    """split_k 0 against float64 with per-row and per-channel scales, bias and a poisoned output; K slices of the
+    tail tiles summed in order: repeatable bitwise, and for int8 the same int32 as the unsplit plan (exact sums)."""
+    ta, tb = pair
+    skip_if_no_recipe(recipe, ta, tb)
+    B, m, n, k = case
+    a, b = operand(ta, (B, m, k) if B > 1 else (m, k)), operand(tb, (n, k))
+    sa, sb = scales_for(ta, tb, m, n)
+    bias = torch.randn(n, device=DEVICE)
+    out = torch.full((B, m, n) if B > 1 else (m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out=out, plan=(recipe, ops.TAIL_SPLIT))
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
+    bound = FP8_WGMMA_BOUND if ta in (E4, E5) else 1e-5
+    assert torch.isfinite(out).all() and rel_error(out, want) < bound, rel_error(out, want)
+    again = torch.full_like(out, float("nan"))
+    ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out=again, plan=(recipe, ops.TAIL_SPLIT))
+    assert_bitwise_equal(again, out, "repeat")
+    if ta == torch.int8:
+        raw = ops.quant_gemm(a, b, out_dtype=torch.int32, plan=(recipe, ops.TAIL_SPLIT))
+        assert_bitwise_equal(raw, ops.quant_gemm(a, b, out_dtype=torch.int32, plan=(recipe, 1)), "int32 vs unsplit")
+
+
+def test_sm90_tail_split_graph_and_refusals():
+    """The last wave split under CUDA-graph capture (its workspace from the caching allocator) replays bitwise;
+    split_k 0 off recipes 4 and 5 is refused before launch, naming the op and the reason."""
+    skip_without_sm90()
+    a, b = operand(torch.bfloat16, (1000, 2048)), operand(torch.bfloat16, (2112, 2048))
+    y = ops.quant_gemm(a, b, plan=(4, ops.TAIL_SPLIT))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        ops.quant_gemm(a, b, plan=(4, ops.TAIL_SPLIT))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.quant_gemm(a, b, plan=(4, ops.TAIL_SPLIT))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, y, "graph replay")
+    with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be in \[1, 64\], got 0 \(0, the last "
+                                           r"wave split along K, is for recipes 4 and 5\)"):
+        torch.ops.astrai.quant_gemm(a, b, None, None, None, torch.bfloat16, 0, 0, 0)
+    with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be 0 \(the last wave split along K\) "
+                                           r"or in \[1, 64\], got -1"):
+        torch.ops.astrai.quant_gemm(a, b, None, None, None, torch.bfloat16, 0, 4, -1)
+
+
 def test_sm90_builtin_plan_used():
     """On an H100 / H200 with sm_90a code the built-in plan of a large nt call is a Hopper recipe, and
     ASTRAI_GEMM_PORTABLE is the documented way back (read once per process: checked through plan_problem)."""
