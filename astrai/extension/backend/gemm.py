@@ -268,7 +268,8 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     out : Tensor, optional
         `[M, N]` / `[B, M, N]` written in place and returned.
     plan : (int, int), optional
-        `(recipe, split_k)` for the kernels; default the built-in plan (`ops.gemm.builtin_plan`). The torch
+        `(recipe, split_k)` for the kernels; default the built-in plan (`ops.gemm.builtin_plan`). `split_k`
+        0 on recipes 4 and 5 splits only the last wave's tiles along K (`ops.gemm.TAIL_SPLIT`). The torch
         path ignores it.
     batch_invariant : bool
         Kernels: use a plan that does not depend on M, so a row's result is bitwise independent of the batch

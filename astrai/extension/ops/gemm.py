@@ -549,6 +549,7 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
         Written in place (`quant_gemm_out`) and returned.
     plan : (int, int), optional
         `(recipe, split_k)` to launch; default `builtin_plan(M, N, K, pair, num_sms, batch_invariant=...)`.
+        `split_k` 0 on recipes 4 and 5: the last wave split (`TAIL_SPLIT`, docs/contracts.md).
     batch_invariant : bool
         Use the built-in plan that does not depend on M (ignored with `plan`).
 
