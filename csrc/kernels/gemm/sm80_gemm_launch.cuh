@@ -39,25 +39,26 @@ constexpr auto kernel_for() {
   }
 }
 
-// Whether a split-K reduction goes as a programmatic dependent of the kernel that wrote its partials (its launch
-// and start overlap that kernel's tail): ASTRAI_GEMM_PDL=0 in the environment (read at each launch) says never;
-// otherwise only where this image's code for the current device is sm_90+ (ptxVersion >= 90: the reduction then
-// holds the griddepcontrol.wait that guards its first read; a compute_80 PTX image JIT-compiled for an H200 does
-// not). Cached per device: the image's answer is fixed for the process.
-template <class Acc>
-cudaError_t split_reduce_pdl(bool* pdl) {
+// Whether a reduction kernel (the split-K one here, the last wave split's in sm90_gemm_launch.cuh) goes as a
+// programmatic dependent of the kernel that wrote its partials (its launch and start overlap that kernel's tail):
+// ASTRAI_GEMM_PDL=0 in the environment (read at each launch) says never; otherwise only where this image's code
+// for the current device is sm_90+ (ptxVersion >= 90: the reduction then holds the griddepcontrol.wait that guards
+// its first read; a compute_80 PTX image JIT-compiled for an H200 does not). `known` caches the image's answer per
+// device (fixed for the process): one a call site.
+template <class Kernel>
+cudaError_t reduction_pdl(Kernel kernel, PdlCodeCache& known, bool* pdl) {
   *pdl = false;
   if (env_knob_off("ASTRAI_GEMM_PDL")) return cudaSuccess;
-  static PdlCodeCache known;
-  return code_waits_for_grid(gemm_reduce_kernel<Acc>, known, pdl);
+  return code_waits_for_grid(kernel, known, pdl);
 }
 
 // The split-K reduction of a kernel's partials, for params in the output's orientation, launched right after
 // that kernel on `stream`.
 template <class Acc>
 cudaError_t launch_split_reduce(const GemmParams& r, cudaStream_t stream) {
+  static PdlCodeCache known;
   bool pdl = false;
-  ASTRAI_CUDA_TRY(split_reduce_pdl<Acc>(&pdl));
+  ASTRAI_CUDA_TRY(reduction_pdl(gemm_reduce_kernel<Acc>, known, &pdl));
   if (r.m <= 0 || r.n <= 0 || r.batch <= 0) return cudaSuccess;
   const dim3 grid(unsigned(ceil_div(ceil_div(r.n, 4), kReduceCols)),
                   unsigned(std::min(ceil_div(r.m, kReduceRows), 65535)), unsigned(std::min(r.batch, 65535)));

@@ -70,7 +70,7 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
     auto* reduce = &gemm_sm90_tail_reduce_kernel<typename P::Acc, R>;
     static PdlCodeCache known;
     bool pdl = false;
-    if (!env_knob_off("ASTRAI_GEMM_PDL")) ASTRAI_CUDA_TRY(code_waits_for_grid(reduce, known, &pdl));
+    ASTRAI_CUDA_TRY(reduction_pdl(reduce, known, &pdl));
     return launch_maybe_dependent(reduce, dim3(unsigned(tiles - q.tail_from), kBlocksPerTile),
                                   dim3(kTailReduceThreads), 0, stream, pdl, q);
   }
