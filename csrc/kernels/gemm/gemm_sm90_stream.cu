@@ -39,13 +39,25 @@ cudaError_t launch_tiles(const GemmParams& p, cudaStream_t stream) {
   config.blockDim = dim3(S::kThreads);
   config.dynamicSmemBytes = S::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(p.split_k);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  static PdlCodeCache known;
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(gemm_pdl(kernel, known, &pdl));
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
+  if (p.split_k > 1) {  // one slice: no cluster (the kernel reads no peer)
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = unsigned(p.split_k);
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = 1;
+    ++n_attr;
+  }
+  if (pdl) {  // a programmatic dependent of the previous kernel (gemm_pdl)
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
   config.attrs = attr;
-  config.numAttrs = p.split_k > 1 ? 1 : 0;  // one slice: no cluster (the kernel reads no peer)
+  config.numAttrs = n_attr;
   ASTRAI_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, map_w, map_x, p));
   return cudaGetLastError();
 }

@@ -314,6 +314,22 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = Acc(0);
 
+  // Programmatic dependent launch: the next kernel (a split's reduction, the next call) may be scheduled now (it
+  // waits for this grid before touching what this one writes); this CTA's first b tiles (the weights) go into L2
+  // while the previous kernel finishes, then it waits for that kernel: nothing else of global memory before.
+  launch_dependents();
+  if (b_inside && b_chunk == 0) {  // one thread a 128-byte row of a tile
+#pragma unroll
+    for (int s = 0; s < S::kStages - 1; ++s) {
+      const int kt = kt_begin + s;
+      if (s < nk && kt < kt_inside)
+#pragma unroll
+        for (int r = 0; r < kBIters; ++r)
+          if (kBEven || b_row0 + r * kBRowStep < R::kBN) prefetch_l2(b_src0 + int64_t(kt) * 128 + r * b_row_step);
+    }
+  }
+  wait_prerequisites();
+
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; ++s) {
     if (s < nk) load_tile(s, kt_begin + s);
@@ -392,7 +408,6 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
     }
   }
   cp_async_wait<0>();
-  launch_dependents();  // a split's reduction may be scheduled now (it waits for this grid before reading)
 
   // Epilogue: fragment (i, j) holds rows g, g + 8 and columns 2t, 2t + 1 of its 16 x 8 block.
   const int g = lane >> 2, t = lane & 3;
@@ -437,6 +452,7 @@ __device__ __forceinline__ Acc acc_from_bits(uint32_t u) {
 }
 template <class Acc>
 __global__ void __launch_bounds__(kReduceCols * kReduceRows) gemm_reduce_kernel(const __grid_constant__ GemmParams p) {
+  launch_dependents();  // the next call may be scheduled now: it waits for this grid too
   wait_prerequisites();
   const int col = 4 * int(blockIdx.x * kReduceCols + threadIdx.x);
   if (col >= p.n) return;

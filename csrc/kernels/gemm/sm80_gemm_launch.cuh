@@ -39,14 +39,15 @@ constexpr auto kernel_for() {
   }
 }
 
-// Whether a reduction kernel (the split-K one here, the last wave split's in sm90_gemm_launch.cuh) goes as a
-// programmatic dependent of the kernel that wrote its partials (its launch and start overlap that kernel's tail):
-// ASTRAI_GEMM_PDL=0 in the environment (read at each launch) says never; otherwise only where this image's code
-// for the current device is sm_90+ (ptxVersion >= 90: the reduction then holds the griddepcontrol.wait that guards
-// its first read; a compute_80 PTX image JIT-compiled for an H200 does not). `known` caches the image's answer per
-// device (fixed for the process): one a call site.
+// Whether a GEMM kernel goes as a programmatic dependent of the stream's previous kernel (its launch, its start and
+// its first weight reads into L2 overlap that kernel's tail; every GEMM kernel and reduction here waits with
+// griddepcontrol.wait before any other global access and lets its own dependents be scheduled at its start):
+// ASTRAI_GEMM_PDL=0 in the environment (read at each launch) says never; otherwise only where this image's code for
+// the current device is sm_90+ (ptxVersion >= 90: the kernel then holds the wait; a compute_80 PTX image
+// JIT-compiled for an H200 does not). `known` caches the image's answer per device (fixed for the process): one a
+// kernel.
 template <class Kernel>
-cudaError_t reduction_pdl(Kernel kernel, PdlCodeCache& known, bool* pdl) {
+cudaError_t gemm_pdl(Kernel kernel, PdlCodeCache& known, bool* pdl) {
   *pdl = false;
   if (env_knob_off("ASTRAI_GEMM_PDL")) return cudaSuccess;
   return code_waits_for_grid(kernel, known, pdl);
@@ -58,7 +59,7 @@ template <class Acc>
 cudaError_t launch_split_reduce(const GemmParams& r, cudaStream_t stream) {
   static PdlCodeCache known;
   bool pdl = false;
-  ASTRAI_CUDA_TRY(reduction_pdl(gemm_reduce_kernel<Acc>, known, &pdl));
+  ASTRAI_CUDA_TRY(gemm_pdl(gemm_reduce_kernel<Acc>, known, &pdl));
   if (r.m <= 0 || r.n <= 0 || r.batch <= 0) return cudaSuccess;
   const dim3 grid(unsigned(ceil_div(ceil_div(r.n, 4), kReduceCols)),
                   unsigned(std::min(ceil_div(r.m, kReduceRows), 65535)), unsigned(std::min(r.batch, 65535)));
@@ -71,9 +72,11 @@ cudaError_t launch_recipe(const GemmParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> smem_set{0};
   auto* kernel = kernel_for<Pair, R, kAMn, kBMn>();
   ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
+  static PdlCodeCache known;
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(gemm_pdl(kernel, known, &pdl));
   const dim3 grid(unsigned(ceil_div(p.n, R::kBN)), unsigned(ceil_div(p.m, R::kBM)), unsigned(p.batch * p.split_k));
-  kernel<<<grid, R::kThreads, S::kSmemBytes, stream>>>(p);
-  ASTRAI_CUDA_TRY(cudaGetLastError());
+  ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, grid, dim3(R::kThreads), S::kSmemBytes, stream, pdl, p));
   if (p.split_k > 1) {
     GemmParams r = p;  // a transposed kernel left its partials in the output's orientation: reduce in that one
     if (p.transpose_out) {

@@ -203,6 +203,11 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = Acc(0);
 
+  // Programmatic dependent launch, as gemm_sm80_kernel (no L2 prefetch here): the next kernel may be scheduled now,
+  // and nothing of global memory is touched before the previous kernel has finished.
+  launch_dependents();
+  wait_prerequisites();
+
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; ++s) {
     if (s < nk) load_tile(s, kt_begin + s);

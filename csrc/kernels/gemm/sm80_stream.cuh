@@ -45,6 +45,7 @@ struct StreamRecipe {
   static constexpr int kRowsB = 16;       // b rows of a warp (the mma's 16-row side)
   static constexpr int kRowsA = 16;       // a rows of a CTA (two n8 token tiles)
   static constexpr int kChunk = 64;       // b bytes (K values) of a row per step
+  static constexpr int kPrefetchLines = 4;  // 128-byte lines of each b row asked into L2 before the wait
   static constexpr int kMaxWarps = kGemmStreamMaxWarpsK;  // R * W: warps of a CTA
   // Registers: <= 64 a thread with one token tile (32 warps a SM), <= 80 with two (24 warps a SM).
   static constexpr int kBoundThreads1 = 1024, kBoundThreads2 = 32 * kMaxWarps;
@@ -52,10 +53,11 @@ struct StreamRecipe {
 static_assert(StreamRecipe::kRowsA == RecipeM16N64::kBM, "the stream kernel runs recipe 2's rows of a");
 static_assert(PairBf16S8::kKTile == 2 * StreamRecipe::kChunk, "a split is a whole number of chunks");
 
-// 16 bytes of b, read once: not kept in L1, and the L2 fetches the 256-byte block around them.
+// 16 bytes of b, read once: not kept in L1, and the L2 fetches the 256-byte block around them. Coherent loads, not
+// .nc: ptxas may schedule a non-coherent load above griddepcontrol.wait (the kernel is a programmatic dependent).
 __device__ __forceinline__ uint4 ld_weights16(const uint8_t* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
@@ -63,7 +65,7 @@ __device__ __forceinline__ uint4 ld_weights16(const uint8_t* p) {
 // 16 bytes of a (re-read by every CTA on the same K range: left to L1).
 __device__ __forceinline__ uint4 ld_tokens16(const uint8_t* p) {
   uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 // The 16 bytes at p of which `left` lie inside the row, zeros past it; byte by byte, never past the row.
@@ -138,6 +140,20 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
+  // The warp's first weight lines into L2 while the previous kernel finishes (programmatic dependent launch), then
+  // wait for it: nothing else of global memory is read or written before the wait.
+  if (t == 0) {
+#pragma unroll
+    for (int i = 0; i < SR::kPrefetchLines; ++i) {
+      const int c = c_begin + i * (128 / SR::kChunk);
+      if (c < c_full) {
+        prefetch_l2(w_row + int64_t(c) * SR::kChunk);
+        prefetch_l2(v_row + int64_t(c) * SR::kChunk);
+      }
+    }
+  }
+  wait_prerequisites();
+
   uint4 ring_w[kU], ring_v[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u)
@@ -208,6 +224,9 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
   const int64_t bz = blockIdx.z / ctas_k;
   const int kcta = blockIdx.z % ctas_k;
   const bool live = n0 < p.n;  // a group past N streams nothing, but keeps the CTA's barrier
+  // The next kernel (the reduction across CTAs, the next call) may be scheduled now: it waits for this grid before
+  // touching what this one writes. Each warp waits for the previous kernel in stream_slice, after its L2 prefetch.
+  launch_dependents();
 
   float acc[kTokenTiles][4];
   if (live) {
@@ -218,7 +237,6 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   }
-  launch_dependents();  // a reduction across CTAs may be scheduled now (it waits for this grid before reading)
 
   if (W > 1) {  // the group's slices, summed in order by its warp 0
     float4* const mine = partials + (group * W) * (kTokenTiles * 32);
@@ -291,12 +309,11 @@ cudaError_t launch_stream(const GemmParams& p, cudaStream_t stream) {
                   unsigned(p.batch * sg.ctas_k));
   const dim3 block(32, unsigned(sg.warps_k), unsigned(sg.groups));
   const size_t smem = sg.warps_k > 1 ? size_t(sg.groups) * sg.warps_k * tiles * 32 * sizeof(float4) : 0;
-  if (tiles == 1) {
-    gemm_stream_kernel<Pair, 1><<<grid, block, smem, stream>>>(p);
-  } else {
-    gemm_stream_kernel<Pair, 2><<<grid, block, smem, stream>>>(p);
-  }
-  ASTRAI_CUDA_TRY(cudaGetLastError());
+  auto* kernel = tiles == 1 ? &gemm_stream_kernel<Pair, 1> : &gemm_stream_kernel<Pair, 2>;
+  static PdlCodeCache known;  // both kernels are of one image
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(gemm_pdl(kernel, known, &pdl));
+  ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, grid, block, smem, stream, pdl, p));
   if (sg.ctas_k == 1) return cudaSuccess;
   GemmParams r = p;  // the CTAs' partials along K, one per CTA
   r.split_k = sg.ctas_k;

@@ -8,8 +8,8 @@
 //   tile's first stages load while the consumers run the epilogue.
 // - Warpgroups 1 and 2 are the consumers: each owns 64 rows of the 128-row tile, waits a stage full, runs four wgmma
 //   m64n<kBN> over it (32 bytes of K each) and hands the stage back on its `empty` mbarrier (one arrival a
-//   warpgroup) once the wgmma that read it have completed, one stage kept in flight (fp8: stages in pairs, see
-//   kPromote).
+//   warpgroup) once the wgmma that read it have completed, one stage kept in flight (fp8: runs of stages, see
+//   sm90_promote_run).
 // - Epilogue from the accumulators: store_out's arithmetic (scales, bias, out dtype) with the output type chosen once
 //   a tile, or fp32 / s32 partials to the workspace for split_k > 1 (gemm_reduce_kernel sums them in split order).
 //
@@ -209,7 +209,8 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
     // used: independent global loads kept in flight together. Read inside the conversion, one column at a time
     // behind bounds and type branches, their latencies added up (fp8 rowwise ran 20% slower than tensorwise).
     // Groups of 8 pairs keep recipe 5's 128 accumulators from spilling. A column past N reads column N - 1's
-    // values and is never stored.
+    // values and is never stored. Coherent loads (__ldcg): a non-coherent one may be scheduled above
+    // griddepcontrol.wait.
     constexpr int kGroupJ = kChunkCols / 8 < 8 ? kChunkCols / 8 : 8;
 #pragma unroll
     for (int j0 = 0; j0 < kChunkCols / 8; j0 += kGroupJ) {
@@ -221,7 +222,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
         for (int jj = 0; jj < kGroupJ; ++jj) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            csb[jj][e] = p.b_scale ? __ldg(p.b_scale + column(jj, e) * step) : 1.f;
+            csb[jj][e] = p.b_scale ? __ldcg(p.b_scale + column(jj, e) * step) : 1.f;
             cbias[jj][e] = 0.f;
           }
         }
@@ -233,17 +234,17 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
 #pragma unroll
           for (int jj = 0; jj < kGroupJ; ++jj)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) cbias[jj][e] = __ldg(bias_f32 + column(jj, e));
+            for (int e = 0; e < 2; ++e) cbias[jj][e] = __ldcg(bias_f32 + column(jj, e));
         } else if (p.bias_dtype == GemmBias::kBf16) {
 #pragma unroll
           for (int jj = 0; jj < kGroupJ; ++jj)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) cbias[jj][e] = __bfloat162float(__ldg(bias_bf16 + column(jj, e)));
+            for (int e = 0; e < 2; ++e) cbias[jj][e] = __bfloat162float(__ldcg(bias_bf16 + column(jj, e)));
         } else if (p.bias_dtype == GemmBias::kF16) {
 #pragma unroll
           for (int jj = 0; jj < kGroupJ; ++jj)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) cbias[jj][e] = __half2float(__ldg(bias_f16 + column(jj, e)));
+            for (int e = 0; e < 2; ++e) cbias[jj][e] = __half2float(__ldcg(bias_f16 + column(jj, e)));
         }
       }
 #pragma unroll
@@ -320,6 +321,35 @@ __device__ __forceinline__ void sm90_promote(Acc (&acc)[kN], Acc (&part)[kN]) {
   for (int i = 0; i < kN; ++i) {
     wgmma_fence_operand(part[i]);
     acc[i] += part[i];
+    wgmma_fence_operand(acc[i]);  // the additions stay before the next wgmma into part (else ptxas spills)
+  }
+}
+
+// fp8: stages a run of the promotion issues before draining the wgmma (sm90_promote_run).
+constexpr int kPromoteRun = 4;
+
+// kRun stages from ring position it0, each stage's 128 of K summed alone (wgmma into part0 / part1 in turn, scale-d
+// 0) and added to acc in stage order: stage s's wgmma are issued before stage s - 1's sum is added, so the tensor
+// cores keep working through the additions; one drain at the end of the run. stage_at(it) waits position it full
+// and gives its address; release(it) hands it back.
+template <int kS, int kRun, class P, class R, class Acc, class StageAt, class Release>
+__device__ __forceinline__ void sm90_promote_run(Acc (&acc)[R::kBN / 2], Acc (&cur)[R::kBN / 2],
+                                                 Acc (&prev)[R::kBN / 2], int it0, int cw, StageAt& stage_at,
+                                                 Release& release) {
+  // Stage kS of the run into cur; prev holds stage kS - 1's sum (kS > 0). The sets swap roles each stage.
+  sm90_stage_mma<P, R>(cur, stage_at(it0 + kS), cw, false);
+  wgmma_commit();
+  if constexpr (kS > 0) {
+    wgmma_wait<1>();  // stage kS - 1's wgmma are done
+    sm90_promote(acc, prev);
+    release(it0 + kS - 1);
+  }
+  if constexpr (kS + 1 < kRun) {
+    sm90_promote_run<kS + 1, kRun, P, R>(acc, prev, cur, it0, cw, stage_at, release);
+  } else {
+    wgmma_wait<0>();
+    sm90_promote(acc, cur);
+    release(it0 + kS);
   }
 }
 
@@ -353,6 +383,16 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
+  // Programmatic dependent launch: the next kernel may be scheduled now (it waits for this grid); the first unit's
+  // first stages of b go into L2 while the previous kernel finishes; then every thread waits for it before touching
+  // global memory.
+  launch_dependents();
+  if (threadIdx.x == 0 && int(blockIdx.x) < units) {
+    const Sm90Unit w = sm90_unit<R>(p, int(blockIdx.x), tiles_m, tiles_n, k_tiles);
+    for (int kt = w.kt0; kt < w.kt1 && kt < w.kt0 + R::kStages; ++kt)
+      tma_prefetch_3d(&map_b, kt * kBK, w.n_tile * R::kBN, p.b_batch_stride == 0 ? 0 : w.bz);
+  }
+  wait_prerequisites();
 
   if (wg == 0) {
     setmaxnreg_dec<R::kProducerRegs>();
@@ -396,30 +436,19 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     const Sm90Unit w = sm90_unit<R>(p, u, tiles_m, tiles_n, k_tiles);
     const int kt0 = w.kt0, kt1 = w.kt1;
     if constexpr (P::kPromote) {
-      // Two sets of stage sums: the second stage's wgmma run while the first stage's sum is added to acc, so the
-      // tensor cores drain once every two stages instead of every stage.
+      // Two sets of stage sums, runs of kPromoteRun stages: a stage's wgmma run while the previous stage's sum is
+      // added to acc, and the tensor cores drain once a run (ptxas serializes every wgmma if a group stays in flight
+      // across loop iterations, so each run is issued and retired within one iteration). The end of a slice takes
+      // runs of 2 and 1.
 #pragma unroll
       for (int i = 0; i < R::kBN / 2; ++i) acc[i] = Acc(0);
       Acc part0[R::kBN / 2], part1[R::kBN / 2];
       const int n = kt1 - kt0;
-      for (int i = 0; i < n; i += 2) {  // no group in flight across iterations (ptxas would serialize the wgmma)
-        sm90_stage_mma<P, R>(part0, stage_at(it + i), cw, false);
-        wgmma_commit();
-        if (i + 1 < n) {
-          sm90_stage_mma<P, R>(part1, stage_at(it + i + 1), cw, false);
-          wgmma_commit();
-          wgmma_wait<1>();
-          sm90_promote(acc, part0);
-          release(it + i);
-          wgmma_wait<0>();
-          sm90_promote(acc, part1);
-          release(it + i + 1);
-        } else {
-          wgmma_wait<0>();
-          sm90_promote(acc, part0);
-          release(it + i);
-        }
-      }
+      int i = 0;
+      for (; i + kPromoteRun <= n; i += kPromoteRun)
+        sm90_promote_run<0, kPromoteRun, P, R>(acc, part0, part1, it + i, cw, stage_at, release);
+      for (; i + 2 <= n; i += 2) sm90_promote_run<0, 2, P, R>(acc, part0, part1, it + i, cw, stage_at, release);
+      if (i < n) sm90_promote_run<0, 1, P, R>(acc, part0, part1, it + i, cw, stage_at, release);
       it += n > 0 ? n : 0;
     } else {
       for (int kt = kt0; kt < kt1; ++kt, ++it) {
@@ -493,6 +522,7 @@ template <class Acc, class R>
 __global__ void __launch_bounds__(kTailReduceThreads)
     gemm_sm90_tail_reduce_kernel(const __grid_constant__ GemmParams p) {
 #if ASTRAI_WGMMA  // only recipes 4 and 5 launch it: a stub in the other arches' code
+  launch_dependents();  // the next call may be scheduled now: it waits for this grid too
   wait_prerequisites();
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
   const Sm90Tile w = sm90_tile<R>(p.tail_from + int(blockIdx.x), tiles_m, tiles_n);

@@ -63,14 +63,16 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
   }
   const unsigned grid = unsigned(std::min<int64_t>(units, facts.sm_count));
   if (grid == 0) return cudaSuccess;
-  kernel<<<grid, R::kThreads, R::kSmemBytes, stream>>>(map_a, map_b, q);
-  ASTRAI_CUDA_TRY(cudaGetLastError());
-  if (q.tail_split > 1) {  // as a programmatic dependent where the split-K reduction is one (ASTRAI_GEMM_PDL)
+  static PdlCodeCache known_gemm;
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(gemm_pdl(kernel, known_gemm, &pdl));
+  ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, dim3(grid), dim3(R::kThreads), R::kSmemBytes, stream, pdl, map_a,
+                                         map_b, q));
+  if (q.tail_split > 1) {  // as a programmatic dependent, as the GEMM kernel (ASTRAI_GEMM_PDL)
     constexpr int kBlocksPerTile = R::kBM * R::kBN / (4 * kTailReduceThreads);
     auto* reduce = &gemm_sm90_tail_reduce_kernel<typename P::Acc, R>;
     static PdlCodeCache known;
-    bool pdl = false;
-    ASTRAI_CUDA_TRY(reduction_pdl(reduce, known, &pdl));
+    ASTRAI_CUDA_TRY(gemm_pdl(reduce, known, &pdl));
     return launch_maybe_dependent(reduce, dim3(unsigned(tiles - q.tail_from), kBlocksPerTile),
                                   dim3(kTailReduceThreads), 0, stream, pdl, q);
   }

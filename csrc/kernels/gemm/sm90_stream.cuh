@@ -31,6 +31,7 @@
 
 #include "kernels/common/ptx/arch.cuh"
 #include "kernels/common/ptx/cluster.cuh"
+#include "kernels/common/ptx/griddep.cuh"
 #include "kernels/common/ptx/mbarrier.cuh"
 #include "kernels/common/ptx/smem.cuh"
 #include "kernels/common/ptx/sync.cuh"
@@ -134,6 +135,14 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     mbarrier_init_fence();
   }
   __syncthreads();
+  // Programmatic dependent launch: the next kernel may be scheduled now (it waits for this grid); the slice's first
+  // stages of weight boxes go into L2 while the previous kernel finishes; then every thread waits for it before
+  // touching global memory.
+  launch_dependents();
+  if (warp == S::kWarps && lane == 0)
+    for (int kt = kt0; kt < kt1 && kt < kt0 + S::kStages * S::kSub; ++kt)
+      tma_prefetch_3d(&map_w, kt * S::kKValues, n0, p.b_batch_stride == 0 ? 0 : bz);
+  wait_prerequisites();
 
   Acc acc[kTokenTiles][4];
 #pragma unroll

@@ -23,6 +23,7 @@
 #include <cuda.h>
 
 #include "kernels/common/ptx/arch.cuh"
+#include "kernels/common/ptx/griddep.cuh"
 #include "kernels/common/ptx/mbarrier.cuh"
 #include "kernels/common/ptx/smem.cuh"
 #include "kernels/common/ptx/sync.cuh"
@@ -207,6 +208,14 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
+  // Programmatic dependent launch: the next kernel may be scheduled now (it waits for this grid); the first stages'
+  // weight boxes go into L2 while the previous kernel finishes; then every thread waits for it before touching
+  // global memory.
+  launch_dependents();
+  if (threadIdx.x == 0)
+    for (int kt = kt0; kt < kt1 && kt < kt0 + S::kStages; ++kt)
+      tma_prefetch_3d(&map_w, kt * S::kBK, n0, p.b_batch_stride == 0 ? 0 : bz);
+  wait_prerequisites();
 
   if (wg == 0) {
     setmaxnreg_dec<S::kProducerRegs>();

@@ -663,3 +663,65 @@ def test_opcheck():
     ops.load()
     torch.library.opcheck(torch.ops.astrai.quant_gemm.default,
                           (a, b, None, sb, None, torch.bfloat16, 0, 2, 2))
+
+
+# --- programmatic dependent launch ---------------------------------------------------------------------------------
+
+# (pair, M, N, K, plan, layout): each kernel template of the family, the weight stream and every Hopper recipe among
+# them. The GEMM kernels launch as programmatic dependents (sm_90+ code) and let their own dependents start at once.
+PDL_CHAIN_CASES = [
+    ("bf16", 1, 4096, 1024, (6, 2), "nt"), ("bf16", 8, 2112, 2048, (6, 1), "nt"),
+    ("bf16", 16, 4096, 1024, (2, 4), "nt"), ("bf16", 130, 1024, 512, (0, 1), "nt"),
+    ("bf16", 64, 2048, 1024, (1, 3), "nt"), ("bf16", 200, 1024, 512, (3, 1), "nt"),
+    ("bf16", 300, 2112, 1024, (4, 1), "nt"), ("bf16", 300, 4096, 1024, (5, 2), "nt"),
+    ("bf16", 1000, 2112, 2048, (4, 0), "nt"), ("bf16", 130, 1024, 512, (0, 2), "nn"),
+    ("bf16-s8", 1, 4096, 1024, (2, 8), "nt"), ("bf16-s8", 16, 4096, 1024, (2, 4), "nt"),
+    ("bf16-s8", 4, 8192, 1024, (6, 1), "nt"), ("bf16-s8", 200, 1024, 1024, (7, 1), "nt"),
+    ("bf16-s8", 300, 1024, 1024, (8, 2), "nt"), ("bf16-s8", 40, 2048, 1024, (9, 2), "nt"),
+]
+
+
+@pytest.mark.parametrize("case", PDL_CHAIN_CASES, ids=lambda c: "{}-M{}-N{}-K{}-r{}s{}-{}".format(*c[:4], *c[4], c[5]))
+def test_pdl_chain_reads_what_the_previous_call_wrote(case):
+    """Three calls back to back on one stream: the first writes the third's weights (16-bit pairs) into a poisoned
+    buffer, the second its activations; the third, launched as a programmatic dependent of the second, must read
+    them only after those grids have finished (its L2 prefetch of the weights before the wait may see the poison,
+    its reads may not). Three rounds with fresh data; float64 reference from the buffers as written."""
+    pair, m, n, k, plan, layout = case
+    ta, tb = (torch.bfloat16, torch.bfloat16) if pair == "bf16" else (torch.bfloat16, torch.int8)
+    skip_if_no_recipe(plan[0], ta, tb)
+    if plan[1] == ops.TAIL_SPLIT:
+        skip_without_sm90()
+    nan = float("nan")
+    b_shape = (k, n) if layout == "nn" else (n, k)
+    for _ in range(3):
+        a_buf = torch.full((m, k), nan, device=DEVICE, dtype=ta)
+        x0, w0 = operand(ta, (m, 2048)), operand(ta, (k, 2048))
+        if tb == torch.int8:
+            b, sb = operand(tb, b_shape), torch.rand(n, device=DEVICE) + 0.5
+        else:
+            b, sb = torch.full(b_shape, nan, device=DEVICE, dtype=tb), None
+            x1, w1 = operand(ta, (b_shape[0], 2048)), operand(ta, (b_shape[1], 2048))
+            ops.quant_gemm(x1, w1, out=b)  # the weights: a GEMM of ~2 * 4096 * 1024 * 2048 flops
+        ops.quant_gemm(x0, w0, out=a_buf)  # the activations
+        y = torch.full((m, n), nan, device=DEVICE, dtype=torch.float32)
+        ops.quant_gemm(a_buf, b, b_scale=sb, out=y, plan=plan, layout=layout)
+        torch.cuda.synchronize()
+        assert torch.isfinite(a_buf).all() and torch.isfinite(b.float()).all()
+        want = reference(a_buf, b, b_scale=sb, layout=layout)
+        assert torch.isfinite(y).all() and rel_error(y, want) < 1e-5, rel_error(y, want)
+
+
+@pytest.mark.parametrize("plan", [(2, 4), (6, 2), (4, 0), (5, 1), (8, 1)], ids=lambda p: f"r{p[0]}s{p[1]}")
+def test_pdl_off_same_bits(plan, monkeypatch):
+    """ASTRAI_GEMM_PDL=0 (read at each launch) launches the kernels plainly: the same bits as with the overlap."""
+    pair = (torch.bfloat16, torch.int8) if plan[0] in ops.SM90_W8A16_RECIPES else (torch.bfloat16, torch.bfloat16)
+    skip_if_no_recipe(plan[0], *pair)
+    if plan[1] == ops.TAIL_SPLIT:
+        skip_without_sm90()
+    m = 16 if plan[0] in (2, 6) else 1000
+    a, b = operand(pair[0], (m, 2048)), operand(pair[1], (2112, 2048))
+    sb = torch.rand(2112, device=DEVICE) + 0.5 if pair[1] == torch.int8 else None
+    y = ops.quant_gemm(a, b, b_scale=sb, plan=plan)
+    monkeypatch.setenv("ASTRAI_GEMM_PDL", "0")
+    assert_bitwise_equal(ops.quant_gemm(a, b, b_scale=sb, plan=plan), y, "ASTRAI_GEMM_PDL=0")
