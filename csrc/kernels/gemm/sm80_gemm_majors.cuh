@@ -203,9 +203,8 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = Acc(0);
 
-  // Programmatic dependent launch, as gemm_sm80_kernel (no L2 prefetch here): the next kernel may be scheduled now,
-  // and nothing of global memory is touched before the previous kernel has finished.
-  launch_dependents();
+  // Programmatic dependent launch, as gemm_sm80_kernel (no L2 prefetch here): nothing of global memory is touched
+  // before the previous kernel has finished.
   wait_prerequisites();
 
 #pragma unroll
@@ -337,6 +336,7 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks)
     }
   }
   cp_async_wait<0>();
+  launch_dependents();  // past the mainloop: the next kernel may be scheduled (as gemm_sm80_kernel)
 
   // Epilogue: fragment (i, j) holds slot rows g, g + 8 and slot columns 2t, 2t + 1 of its 16 x 8 block. Slots are
   // the rows / columns themselves, except for 8-bit MN-major operands: row slots g, g + 8 <-> m 2g, 2g + 1 of the

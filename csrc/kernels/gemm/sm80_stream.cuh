@@ -224,9 +224,6 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
   const int64_t bz = blockIdx.z / ctas_k;
   const int kcta = blockIdx.z % ctas_k;
   const bool live = n0 < p.n;  // a group past N streams nothing, but keeps the CTA's barrier
-  // The next kernel (the reduction across CTAs, the next call) may be scheduled now: it waits for this grid before
-  // touching what this one writes. Each warp waits for the previous kernel in stream_slice, after its L2 prefetch.
-  launch_dependents();
 
   float acc[kTokenTiles][4];
   if (live) {
@@ -237,6 +234,9 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   }
+  // Past the stream (each warp waited for the previous kernel in stream_slice, after its L2 prefetch): the next
+  // kernel (the reduction across CTAs, the next call) may be scheduled; it waits for this grid before reading.
+  launch_dependents();
 
   if (W > 1) {  // the group's slices, summed in order by its warp 0
     float4* const mine = partials + (group * W) * (kTokenTiles * 32);

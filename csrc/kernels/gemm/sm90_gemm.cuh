@@ -383,10 +383,8 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
-  // Programmatic dependent launch: the next kernel may be scheduled now (it waits for this grid); the first unit's
-  // first stages of b go into L2 while the previous kernel finishes; then every thread waits for it before touching
-  // global memory.
-  launch_dependents();
+  // Programmatic dependent launch: the first unit's first stages of b go into L2 while the previous kernel finishes;
+  // then every thread waits for it before touching global memory.
   if (threadIdx.x == 0 && int(blockIdx.x) < units) {
     const Sm90Unit w = sm90_unit<R>(p, int(blockIdx.x), tiles_m, tiles_n, k_tiles);
     for (int kt = w.kt0; kt < w.kt1 && kt < w.kt0 + R::kStages; ++kt)
@@ -411,6 +409,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
                       b_bcast ? 0 : w.bz);
         }
       }
+      launch_dependents();  // every load issued: the next kernel may be scheduled (it waits for this grid)
     }
     return;
   }
@@ -522,8 +521,8 @@ template <class Acc, class R>
 __global__ void __launch_bounds__(kTailReduceThreads)
     gemm_sm90_tail_reduce_kernel(const __grid_constant__ GemmParams p) {
 #if ASTRAI_WGMMA  // only recipes 4 and 5 launch it: a stub in the other arches' code
-  launch_dependents();  // the next call may be scheduled now: it waits for this grid too
   wait_prerequisites();
+  launch_dependents();  // the next call may be scheduled now (it waits for this grid too)
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
   const Sm90Tile w = sm90_tile<R>(p.tail_from + int(blockIdx.x), tiles_m, tiles_n);
   const int e = 4 * int(blockIdx.y * kTailReduceThreads + threadIdx.x);  // element of the tile's block

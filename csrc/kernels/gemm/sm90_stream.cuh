@@ -135,10 +135,8 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     mbarrier_init_fence();
   }
   __syncthreads();
-  // Programmatic dependent launch: the next kernel may be scheduled now (it waits for this grid); the slice's first
-  // stages of weight boxes go into L2 while the previous kernel finishes; then every thread waits for it before
-  // touching global memory.
-  launch_dependents();
+  // Programmatic dependent launch: the slice's first stages of weight boxes go into L2 while the previous kernel
+  // finishes; then every thread waits for it before touching global memory.
   if (warp == S::kWarps && lane == 0)
     for (int kt = kt0; kt < kt1 && kt < kt0 + S::kStages * S::kSub; ++kt)
       tma_prefetch_3d(&map_w, kt * S::kKValues, n0, p.b_batch_stride == 0 ? 0 : bz);
@@ -222,6 +220,9 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
       }
     }
   }
+
+  // Past the stream: the next kernel may be scheduled (it waits for this grid before touching what this one writes).
+  launch_dependents();
 
   if constexpr (S::kKWarps > 1) {  // the K warps of a row warp: the first adds the others' sums in order
     if (warp < S::kWarps) {

@@ -208,10 +208,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
-  // Programmatic dependent launch: the next kernel may be scheduled now (it waits for this grid); the first stages'
-  // weight boxes go into L2 while the previous kernel finishes; then every thread waits for it before touching
-  // global memory.
-  launch_dependents();
+  // Programmatic dependent launch: the first stages' weight boxes go into L2 while the previous kernel finishes;
+  // then every thread waits for it before touching global memory.
   if (threadIdx.x == 0)
     for (int kt = kt0; kt < kt1 && kt < kt0 + S::kStages; ++kt)
       tma_prefetch_3d(&map_w, kt * S::kBK, n0, p.b_batch_stride == 0 ? 0 : bz);
@@ -232,6 +230,7 @@ __global__ void __launch_bounds__(S::kThreads, 1)
           tma_load_3d(smem_addr(stage + S::kWBytes + b * S::kXBoxBytes), &map_x, &full[s], kt * S::kBK + 64 * b, m0,
                       zx);
       }
+      launch_dependents();  // every load issued: the next kernel may be scheduled (it waits for this grid)
     }
     return;
   }
