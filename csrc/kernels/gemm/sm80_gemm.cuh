@@ -314,18 +314,7 @@ __global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_sm80_kernel(c
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = Acc(0);
 
-  // Programmatic dependent launch: this CTA's first b tiles (the weights) go into L2 while the previous kernel
-  // finishes, then it waits for that kernel: nothing else of global memory before.
-  if (b_inside && b_chunk == 0) {  // one thread a 128-byte row of a tile
-#pragma unroll
-    for (int s = 0; s < S::kStages - 1; ++s) {
-      const int kt = kt_begin + s;
-      if (s < nk && kt < kt_inside)
-#pragma unroll
-        for (int r = 0; r < kBIters; ++r)
-          if (kBEven || b_row0 + r * kBRowStep < R::kBN) prefetch_l2(b_src0 + int64_t(kt) * 128 + r * b_row_step);
-    }
-  }
+  // Programmatic dependent launch: nothing of global memory is touched before the previous kernel has finished.
   wait_prerequisites();
 
 #pragma unroll

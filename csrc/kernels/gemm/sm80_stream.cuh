@@ -45,7 +45,6 @@ struct StreamRecipe {
   static constexpr int kRowsB = 16;       // b rows of a warp (the mma's 16-row side)
   static constexpr int kRowsA = 16;       // a rows of a CTA (two n8 token tiles)
   static constexpr int kChunk = 64;       // b bytes (K values) of a row per step
-  static constexpr int kPrefetchLines = 4;  // 128-byte lines of each b row asked into L2 before the wait
   static constexpr int kMaxWarps = kGemmStreamMaxWarpsK;  // R * W: warps of a CTA
   // Registers: <= 64 a thread with one token tile (32 warps a SM), <= 80 with two (24 warps a SM).
   static constexpr int kBoundThreads1 = 1024, kBoundThreads2 = 32 * kMaxWarps;
@@ -140,18 +139,7 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-  // The warp's first weight lines into L2 while the previous kernel finishes (programmatic dependent launch), then
-  // wait for it: nothing else of global memory is read or written before the wait.
-  if (t == 0) {
-#pragma unroll
-    for (int i = 0; i < SR::kPrefetchLines; ++i) {
-      const int c = c_begin + i * (128 / SR::kChunk);
-      if (c < c_full) {
-        prefetch_l2(w_row + int64_t(c) * SR::kChunk);
-        prefetch_l2(v_row + int64_t(c) * SR::kChunk);
-      }
-    }
-  }
+  // Programmatic dependent launch: nothing of global memory is read or written before the previous kernel finished.
   wait_prerequisites();
 
   uint4 ring_w[kU], ring_v[kU];
@@ -234,7 +222,7 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   }
-  // Past the stream (each warp waited for the previous kernel in stream_slice, after its L2 prefetch): the next
+  // Past the stream (each warp waited for the previous kernel in stream_slice): the next
   // kernel (the reduction across CTAs, the next call) may be scheduled; it waits for this grid before reading.
   launch_dependents();
 

@@ -383,13 +383,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
-  // Programmatic dependent launch: the first unit's first stages of b go into L2 while the previous kernel finishes;
-  // then every thread waits for it before touching global memory.
-  if (threadIdx.x == 0 && int(blockIdx.x) < units) {
-    const Sm90Unit w = sm90_unit<R>(p, int(blockIdx.x), tiles_m, tiles_n, k_tiles);
-    for (int kt = w.kt0; kt < w.kt1 && kt < w.kt0 + R::kStages; ++kt)
-      tma_prefetch_3d(&map_b, kt * kBK, w.n_tile * R::kBN, p.b_batch_stride == 0 ? 0 : w.bz);
-  }
+  // Programmatic dependent launch: every thread waits for the previous kernel before touching global memory.
   wait_prerequisites();
 
   if (wg == 0) {

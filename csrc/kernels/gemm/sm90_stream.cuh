@@ -135,11 +135,7 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     mbarrier_init_fence();
   }
   __syncthreads();
-  // Programmatic dependent launch: the slice's first stages of weight boxes go into L2 while the previous kernel
-  // finishes; then every thread waits for it before touching global memory.
-  if (warp == S::kWarps && lane == 0)
-    for (int kt = kt0; kt < kt1 && kt < kt0 + S::kStages * S::kSub; ++kt)
-      tma_prefetch_3d(&map_w, kt * S::kKValues, n0, p.b_batch_stride == 0 ? 0 : bz);
+  // Programmatic dependent launch: every thread waits for the previous kernel before touching global memory.
   wait_prerequisites();
 
   Acc acc[kTokenTiles][4];

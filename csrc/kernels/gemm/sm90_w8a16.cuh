@@ -208,11 +208,8 @@ __global__ void __launch_bounds__(S::kThreads, 1)
     mbarrier_init_fence();
   }
   __syncthreads();
-  // Programmatic dependent launch: the first stages' weight boxes go into L2 while the previous kernel finishes;
-  // then every thread waits for it before touching global memory.
-  if (threadIdx.x == 0)
-    for (int kt = kt0; kt < kt1 && kt < kt0 + S::kStages; ++kt)
-      tma_prefetch_3d(&map_w, kt * S::kBK, n0, p.b_batch_stride == 0 ? 0 : bz);
+  // Programmatic dependent launch (where launched so): every thread waits for the previous kernel before touching
+  // global memory.
   wait_prerequisites();
 
   if (wg == 0) {
