@@ -668,7 +668,9 @@ def test_opcheck():
 # --- programmatic dependent launch ---------------------------------------------------------------------------------
 
 # (pair, M, N, K, plan, layout): each kernel template of the family, the weight stream and every Hopper recipe among
-# them. The GEMM kernels launch as programmatic dependents (sm_90+ code) and let their own dependents start at once.
+# them. The GEMM kernels launch as programmatic dependents (sm_90+ code; not recipes 7-9, recipe 6 above one CTA a SM
+# or recipes 4 / 5 with the last wave split, which run here as the other side of the chain) and let their own
+# dependents in once past their mainloop.
 PDL_CHAIN_CASES = [
     ("bf16", 1, 4096, 1024, (6, 2), "nt"), ("bf16", 8, 2112, 2048, (6, 1), "nt"),
     ("bf16", 16, 4096, 1024, (2, 4), "nt"), ("bf16", 130, 1024, 512, (0, 1), "nt"),
@@ -685,8 +687,8 @@ PDL_CHAIN_CASES = [
 def test_pdl_chain_reads_what_the_previous_call_wrote(case):
     """Three calls back to back on one stream: the first writes the third's weights (16-bit pairs) into a poisoned
     buffer, the second its activations; the third, launched as a programmatic dependent of the second, must read
-    them only after those grids have finished (its L2 prefetch of the weights before the wait may see the poison,
-    its reads may not). Three rounds with fresh data; float64 reference from the buffers as written."""
+    them only after those grids have finished (a read before its griddepcontrol.wait would see the poison). Three
+    rounds with fresh data; float64 reference from the buffers as written."""
     pair, m, n, k, plan, layout = case
     ta, tb = (torch.bfloat16, torch.bfloat16) if pair == "bf16" else (torch.bfloat16, torch.int8)
     skip_if_no_recipe(plan[0], ta, tb)
