@@ -19,4 +19,11 @@ __device__ __forceinline__ void wait_prerequisites() {
 #endif
 }
 
+// Asks for the 128-byte line holding `p` in L2 (no register, nothing to wait on). The one global access a kernel
+// may make before wait_prerequisites(): L2 is the device's point of coherence, so a line fetched early is updated by
+// the prerequisite grid's later writes, and the reads after the wait see them. `p` must lie inside an allocation.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 }  // namespace astrai
