@@ -1,0 +1,71 @@
+"""Developer probe of programmatic dependent launch for the GEMM kernels (`ASTRAI_GEMM_PDL`); not gated.
+
+Per cell (the gated suite's pairs and (N, K) at M = 1, 16, 1024; `quick`: M = 1, 16), microseconds per call by
+CUDA-graph replay over bench_gemm's rotated input sets:
+- on / off: our calls back to back, `ASTRAI_GEMM_PDL` unset / `=0` (read at each launch, so at capture);
+- +pad on / off: each call followed by a one-element torch add, so the kernel after ours is not ours; pad: the add
+  alone;
+- anchor, anc+pad: bench_gemm's anchor the same two ways; ratio on = anchor / on, ratio+pad = (anc+pad - pad) /
+  (+pad on - pad).
+The default launch is timed first in every cell: alternate images or runs before reading small differences.
+
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_pdl.py [quick]      # from the repository root, on a GPU
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+import torch  # noqa: E402
+
+import bench_gemm as bg  # noqa: E402
+import gpu_timing  # noqa: E402
+from astrai.extension.ops import gemm as ops  # noqa: E402
+
+SHAPES = [(4096, 4096), (14336, 4096), (2112, 7168)]
+MS = [1, 16, 1024]
+
+
+def med(step, sets, calls):
+    return statistics.median(gpu_timing.time_graph(step, sets, calls, 20))
+
+
+def main(argv: list[str]) -> None:
+    ms = [1, 16] if argv[:1] == ["quick"] else MS
+    print(f"{'pair':11} {'M':>5} {'N':>6} {'K':>6} {'plan':>8} | {'on':>7} {'off':>7} {'off/on':>6} | "
+          f"{'+pad on':>8} {'+pad off':>8} {'pad':>6} | {'anchor':>7} {'anc+pad':>8} | "
+          f"{'ratio on':>8} {'ratio+pad':>9}")
+    ops.load()
+    for pair in bg.PAIRS:
+        for m in ms:
+            for n, k in SHAPES:
+                n_sets, calls = bg.sets_and_calls(bg.kernel_bytes(pair, m, n, k), bg.estimate_us(pair, m, n, k),
+                                                  gpu_timing.l2_bytes())
+                sets = [bg.make_set(pair, m, n, k) for _ in range(n_sets)]
+                for s in sets:
+                    s["pad"] = torch.zeros(1, device="cuda")
+                kern, anc = bg.kernel_step(pair, m), bg.anchor_step(pair, m)
+                kp = lambda s: (kern(s), s["pad"].add_(1))
+                ap = lambda s: (anc(s), s["pad"].add_(1))
+                pad = lambda s: s["pad"].add_(1)
+                os.environ.pop("ASTRAI_GEMM_PDL", None)
+                on, on_p = med(kern, sets, calls), med(kp, sets, calls)
+                os.environ["ASTRAI_GEMM_PDL"] = "0"
+                off, off_p = med(kern, sets, calls), med(kp, sets, calls)
+                os.environ.pop("ASTRAI_GEMM_PDL", None)
+                a, a_p, p = med(anc, sets, calls), med(ap, sets, calls), med(pad, sets, calls)
+                plan = ops.builtin_plan(m, n, k, bg.OP_PAIR[pair], ops.num_sms(torch.device("cuda")),
+                                        sm90=ops.sm90_available(torch.device("cuda")))
+                print(f"{pair:11} {m:5d} {n:6d} {k:6d} {str(tuple(plan)):>8} | {on:7.2f} {off:7.2f} "
+                      f"{off / on:6.3f} | {on_p:8.2f} {off_p:8.2f} {p:6.2f} | {a:7.2f} {a_p:8.2f} | "
+                      f"{a / on:8.3f} {(a_p - p) / (on_p - p):9.3f}", flush=True)
+                del sets
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
