@@ -28,10 +28,10 @@ cudaError_t launch_w8a16(const GemmParams& p, cudaStream_t stream) {
   const int64_t tiles = int64_t(ceil_div(p.n, S::kRows)) * ceil_div(p.m, S::kTokens);
   if (tiles > 0x7fffffff) return cudaErrorNotSupported;
   const dim3 grid(unsigned(tiles), 1, unsigned(p.batch * p.split_k));
-  // Launched plainly: as a programmatic dependent it measured +16% / +1% / -13% at M = 1024 (N = 4096 / 14336 /
-  // 2112, H200), cause of the loss not found. The kernel still waits with griddepcontrol.wait (a no-op then).
-  kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(map_w, map_x, p);
-  ASTRAI_CUDA_TRY(cudaGetLastError());
+  static PdlCodeCache known;
+  bool pdl = false;
+  ASTRAI_CUDA_TRY(gemm_pdl(kernel, known, &pdl));
+  ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, grid, dim3(S::kThreads), S::kSmemBytes, stream, pdl, map_w, map_x, p));
   if (p.split_k > 1) return launch_split_reduce<float>(p, stream);
   return cudaSuccess;
 }

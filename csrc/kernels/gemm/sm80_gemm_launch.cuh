@@ -42,7 +42,7 @@ constexpr auto kernel_for() {
 // Whether a GEMM kernel goes as a programmatic dependent of the stream's previous kernel (its launch and start
 // overlap that kernel's tail; every GEMM kernel and reduction here waits with griddepcontrol.wait before any global
 // access, and lets its own dependents in once past its mainloop). Launchers that measured a loss with it do not
-// ask: recipes 7-9, recipe 6 above one CTA a SM, recipes 4 / 5 with the last wave split.
+// ask: recipe 6 above one CTA a SM, recipes 4 / 5 with the last wave split.
 // ASTRAI_GEMM_PDL=0 in the environment (read at each launch) says never; otherwise only where this image's code for
 // the current device is sm_90+ (ptxVersion >= 90: the kernel then holds the wait; a compute_80 PTX image
 // JIT-compiled for an H200 does not). `known` caches the image's answer per device (fixed for the process): one a
