@@ -668,9 +668,9 @@ def test_opcheck():
 # --- programmatic dependent launch ---------------------------------------------------------------------------------
 
 # (pair, M, N, K, plan, layout): each kernel template of the family, the weight stream and every Hopper recipe among
-# them. The GEMM kernels launch as programmatic dependents (sm_90+ code; not recipes 7-9, recipe 6 above one CTA a SM
-# or recipes 4 / 5 with the last wave split, which run here as the other side of the chain) and let their own
-# dependents in once past their mainloop.
+# them. The GEMM kernels launch as programmatic dependents (sm_90+ code; not recipe 6 above one CTA a SM or recipes
+# 4 / 5 with the last wave split, which run here as the other side of the chain) and let their own dependents in once
+# past their mainloop.
 PDL_CHAIN_CASES = [
     ("bf16", 1, 4096, 1024, (6, 2), "nt"), ("bf16", 8, 2112, 2048, (6, 1), "nt"),
     ("bf16", 16, 4096, 1024, (2, 4), "nt"), ("bf16", 130, 1024, 512, (0, 1), "nt"),
