@@ -222,8 +222,8 @@ __global__ void __launch_bounds__(kTokenTiles == 1 ? StreamRecipe::kBoundThreads
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
   }
-  // Past the stream (each warp waited for the previous kernel in stream_slice): the next
-  // kernel (the reduction across CTAs, the next call) may be scheduled; it waits for this grid before reading.
+  // Past the stream (each warp waited for the previous kernel in stream_slice): the next kernel (the reduction
+  // across CTAs, the next call) may be scheduled; it waits for this grid before reading.
   launch_dependents();
 
   if (W > 1) {  // the group's slices, summed in order by its warp 0
