@@ -21,6 +21,7 @@ from astrai.extension.backend.quantize import (DelayedScaling, DynamicScaling, f
                                                 quantize_fp8, quantize_fp8_block, quantize_fp8_dynamic,
                                                 quantize_int8_per_channel, quantize_int8_per_row)
 from astrai.extension.backend.rotary import apply_rotary_emb, apply_rotary_emb_qk, rotary_cos_sin_cache
+from astrai.extension.ops import gemm_plan
 
 info = loader.info
 
@@ -33,7 +34,7 @@ __all__ = [
     "quantize_fp8", "quantize_fp8_dynamic", "quantize_fp8_block", "fp8_scale_layout",
     "quantize_int8_per_row", "quantize_int8_per_channel", "fp8_autocast", "DelayedScaling", "DynamicScaling",
     # GEMM
-    "quant_gemm",
+    "quant_gemm", "gemm_plan",
     # the loader
     "loader", "info",
 ]

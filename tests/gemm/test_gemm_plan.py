@@ -351,7 +351,7 @@ def test_device_queries_trace_under_torch_compile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     ops._num_sms_cached.cache_clear()
-    ops._sm90_available_cached.cache_clear()
+    ops._sm90_code_cached.cache_clear()
     try:
         def f(x):
             return x + ops.num_sms(torch.device("cuda", 0)) + int(ops.sm90_available(torch.device("cuda", 0)))
@@ -360,7 +360,7 @@ def test_device_queries_trace_under_torch_compile(monkeypatch):
         assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2)), want)
     finally:
         ops._num_sms_cached.cache_clear()
-        ops._sm90_available_cached.cache_clear()
+        ops._sm90_code_cached.cache_clear()
 
 
 def test_plan_for_cpu_is_the_safe_default():

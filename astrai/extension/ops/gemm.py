@@ -9,7 +9,10 @@ given; they pick nothing. This wrapper adds, and only adds:
   serves it) and registering the fake (meta) implementations that `torch.compile` and
   `torch.library.opcheck` need;
 - the layout name -> the op's int (`LAYOUTS`);
-- the plan: `plan=(recipe, split_k)` as given, else `builtin_plan(...)` for the problem and the device.
+- the plan: `plan=(recipe, split_k)` as given, else the plan chain's (`astrai.extension.ops.gemm_plan`: override
+  and injected rows, the builtin rows, tuned plans, the model `builtin_plan(...)`, the degraded ladder), whose API
+  (`set_table`, `inject_rows`, `set_planner`, `set_log`, `set_staging`, `probe`, `state`, `tile_vocabulary`,
+  `facts`, `enable`, `disable`) is also reachable from this module.
 
 Everything else (dtypes, ranks, shapes, strides, alignment, scales, bias, out, devices, the plan's validity) is
 checked by the op itself, which raises `RuntimeError` naming the op and the argument. Code that wants "the best
@@ -26,12 +29,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
 
 from astrai.extension import loader
+from astrai.extension.ops import gemm_plan
 from astrai.extension.ops._fakes import load_family_once
 
 FAMILY = "gemm"
@@ -174,9 +177,9 @@ SM90_STREAM_ROWS = 64
 SM90_STREAM_MIN_K_TILES = 8
 SM90_MODEL = {"w16a16": (0.359, 4.22, 0.670, 7.73, 2.24), "fp8": (0.424, 4.05, None, None, 2.00),
               "w8a8": (0.352, 3.39, 0.629, 5.97, 2.29)}
-# ASTRAI_GEMM_PORTABLE=1 (read once per process): the built-in plan never picks recipes 4-9 (the portable
-# kernels on an H100 / H200, for comparison); explicit plans still run them.
-PORTABLE_KNOB = "ASTRAI_GEMM_PORTABLE"
+# ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
+# never picks recipes 4-9 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.
+PORTABLE_KNOB = gemm_plan.PORTABLE_KNOB
 
 
 def pair_of(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
@@ -450,26 +453,29 @@ def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int, tail: bool = Tru
 
 
 @functools.lru_cache(maxsize=None)
-def _sm90_available_cached(index: int) -> bool:
-    if os.environ.get(PORTABLE_KNOB, "") not in ("", "0"):
-        return False
+def _sm90_code_cached(index: int) -> bool:
     if torch.cuda.get_device_capability(index) != (9, 0):
         return False
     chosen = loader.selection().chosen
     return chosen is not None and "90a" in ((chosen.meta or {}).get("archs") or ())
 
 
+def sm90_code_in_image(index: int) -> bool:
+    """Whether the CUDA device `index` can run recipes 4-9: compute capability 9.0 and sm_90a code in the loaded
+    image (not a PTX-only image such as ASTRAI_IMAGE=ptx80). Queried once per device index and process."""
+    return _sm90_code_cached(index)
+
+
 # Traced code (torch.compile) calls these at trace time and keeps the result: Dynamo cannot trace the loader's lock
 # (fullgraph=True failed on the H200 without this) nor an lru_cache wrapper as a cache.
 @torch.compiler.assume_constant_result
 def _sm90_available(index: int) -> bool:
-    return _sm90_available_cached(index)
+    return _sm90_code_cached(index) and gemm_plan.state()["staging"]["tma"]
 
 
 def sm90_available(device: torch.device) -> bool:
-    """Whether the built-in plan may pick recipes 4-9 on this CUDA device: compute capability 9.0, sm_90a code in
-    the loaded image (not a PTX-only image such as ASTRAI_IMAGE=ptx80), and ASTRAI_GEMM_PORTABLE unset or 0. Read
-    once per device index and process."""
+    """Whether the plan chain may pick recipes 4-9 on this CUDA device: `sm90_code_in_image`, and TMA staging on
+    (`gemm_plan.set_staging(tma=...)`, seeded off by ASTRAI_GEMM_PORTABLE=1)."""
     return _sm90_available(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -489,16 +495,18 @@ def num_sms(device: torch.device) -> int:
 
 
 def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: bool) -> tuple[int, int]:
-    """`builtin_plan` for these operands; `(0, 1)` (always launchable) when the call cannot be planned
-    (non-CUDA tensors, unsupported pair or ranks): the op then raises its own error.
+    """The plan chain's decision for these operands (`gemm_plan.decide`; no autotuning); `(0, 1)` (always
+    launchable) when the call cannot be planned (non-CUDA tensors, unsupported pair or ranks): the op then raises
+    its own error.
 
     A swapped layout (`runs_swapped`) is planned as the kernel sees it, `[N, K] x [K, M]`; with
     `batch_invariant` its split still comes from (N, K) alone."""
     pair = pair_of(a.dtype, b.dtype)
     if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
         return 0, 1
-    return plan_problem(layout, problem(layout, a.shape, b.shape), pair, num_sms(a.device), batch_invariant,
-                        sm90=sm90_available(a.device))
+    shape = problem(layout, a.shape, b.shape)
+    call = gemm_plan.Call(pair, LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant))
+    return gemm_plan.decide(call, gemm_plan.facts(a.device)).plan
 
 
 def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_invariant: bool, *,
@@ -548,7 +556,8 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     out : Tensor, optional
         Written in place (`quant_gemm_out`) and returned.
     plan : (int, int), optional
-        `(recipe, split_k)` to launch; default `builtin_plan(M, N, K, pair, num_sms, batch_invariant=...)`.
+        `(recipe, split_k)` to launch; default the plan chain's (`gemm_plan`: rows, tuned plans, the model
+        `builtin_plan(M, N, K, pair, num_sms, batch_invariant=...)`, the degraded ladder).
         `split_k` 0 on recipes 4 and 5: the last wave split (`TAIL_SPLIT`, docs/contracts.md).
     batch_invariant : bool
         Use the built-in plan that does not depend on M (ignored with `plan`).
@@ -568,8 +577,22 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     """
     load()
     code = layout_code(OP, layout)
-    recipe, split_k = plan if plan is not None else plan_for(a, b, code, batch_invariant)
+    if plan is None:
+        recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out_dtype, code, out, batch_invariant)
+    else:
+        recipe, split_k = plan
     if out is None:
         return torch.ops.astrai.quant_gemm(a, b, a_scale, b_scale, bias, out_dtype, code, recipe, split_k)
     torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, code, recipe, split_k, out)
     return out
+
+
+# The plan chain's API, reachable as ops.gemm.<name> (defined in gemm_plan, which imports this module lazily).
+PLAN_API = ("set_table", "inject_rows", "set_planner", "set_log", "set_staging", "probe", "state", "tile_vocabulary",
+            "facts", "enable", "disable")
+
+
+def __getattr__(name: str):
+    if name in PLAN_API:
+        return getattr(gemm_plan, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
