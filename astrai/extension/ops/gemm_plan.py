@@ -928,11 +928,11 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
 
 
 def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[int, int]], *,
-                    rounds: int = TUNE_ROUNDS) -> dict[tuple[int, int], float]:
+                    rounds: int = TUNE_ROUNDS, keep=()) -> dict[tuple[int, int], float]:
     """Median microseconds of `run(plan)` for each plan: one screening call each (slower than SCREEN_FACTOR x the
     fastest: left out), then `rounds` interleaved rounds timed by CUDA events on the current stream (a plan slower
     than PRUNE_FACTOR x the best median after PRUNE_AFTER rounds is dropped from later rounds). A plan whose run
-    raises is left out."""
+    raises is left out. Plans in `keep` are timed every round whatever their speed."""
     stream = torch.cuda.current_stream()
     screen = {}
     for plan in plans:  # each once, timed roughly (a kernel's first launch also loads it): screens out the slow
@@ -948,7 +948,8 @@ def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[in
     if not screen:
         return {}
     fastest = min(screen.values())
-    live = [plan for plan in plans if plan in screen and screen[plan] <= SCREEN_FACTOR * fastest]
+    keep = {tuple(plan) for plan in keep}
+    live = [plan for plan in plans if plan in screen and (screen[plan] <= SCREEN_FACTOR * fastest or plan in keep)]
     times: dict = {plan: [] for plan in live}
     for r in range(rounds):
         events = []
@@ -963,7 +964,7 @@ def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[in
             times[plan].append(start.elapsed_time(end) * 1000.0)
         if r + 1 == PRUNE_AFTER and live:
             best = min(statistics.median(times[p]) for p in live)
-            live = [p for p in live if statistics.median(times[p]) <= PRUNE_FACTOR * best]
+            live = [p for p in live if statistics.median(times[p]) <= PRUNE_FACTOR * best or p in keep]
     return {plan: statistics.median(ts) for plan, ts in times.items() if ts}
 
 

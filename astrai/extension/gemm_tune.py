@@ -1,0 +1,307 @@
+"""Offline GEMM plan tuning: time every recipe over a shape grid on the GPU in hand, fit plan rows from it,
+validate them on a holdout, install them as the builtin rows of the device class.
+
+    python -m astrai.extension.gemm_tune sweep --grid train --out train.json      # GPU
+    python -m astrai.extension.gemm_tune sweep --grid holdout --out holdout.json  # GPU
+    python -m astrai.extension.gemm_tune fit train.json --out sm90.rows
+    python -m astrai.extension.gemm_tune validate sm90.rows holdout.json
+    python -m astrai.extension.gemm_tune install sm90.rows
+
+A sweep times each shape twice, independently (two full interleaved measurements of every candidate,
+`gemm_plan.time_candidates`): the first picks the tuned plan (the autotuner's rule, `gemm_plan.pick`), the second
+judges it, the chain's plan and the rows a validator tries, so a plan is never judged on the measurement that
+chose it. `fit` and `validate` need no GPU: they read the sweep files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from astrai.extension.ops import gemm as ops
+from astrai.extension.ops import gemm_plan as gp
+
+SWEEP_FORMAT = "astrai-gemm-sweep"
+SWEEP_VERSION = 1
+DTYPES = {"w16a16": (torch.bfloat16, torch.bfloat16), "w8a16": (torch.bfloat16, torch.int8),
+          "w8a8": (torch.int8, torch.int8), "fp8": (torch.float8_e4m3fn, torch.float8_e4m3fn)}
+# The GEMM family's (N, K) grid (issue 19: Llama and DeepSeek-V3 projections) at the Ms a table is fitted on.
+TRAIN_NK = ((4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (2112, 7168), (24576, 1536), (7168, 16384),
+            (4096, 7168), (7168, 2048))
+TRAIN_M = (1, 8, 16, 32, 64, 128, 256, 1024, 4096, 8192)
+# Holdout: (M, N, K) in none of the training cells; odd N, K not a multiple of the K tiles, M from 1 to 16384.
+HOLDOUT = ((1, 5120, 5120), (3, 3584, 18944), (5, 18944, 3584), (12, 4097, 4096), (24, 11008, 4096),
+           (40, 1377, 3008), (48, 8192, 8192), (100, 5120, 1040), (200, 13824, 5120), (384, 2048, 11008),
+           (777, 4096, 4096), (1500, 1024, 8192), (3000, 12288, 4096), (6000, 3072, 3072), (16384, 4096, 1024),
+           (16384, 1535, 4096), (9000, 7000, 7168), (2500, 24576, 1536), (640, 28672, 4096), (160, 4096, 14336),
+           (2, 9000, 1024), (7, 129024, 512), (33, 512, 16384), (96, 6144, 6144), (320, 1000, 7168),
+           (2048, 5000, 2000), (4500, 10240, 2048), (12000, 2112, 7168), (10, 7168, 4608), (64, 36864, 3072))
+GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT,
+         "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
+# A table may not make any holdout shape this much slower than the current chain (issue 21).
+MAX_HOLDOUT_LOSS = 0.02
+# fit: a row is emitted where its plan beats the chain by this geomean over its training cells, with no cell
+# slower than the chain by more than ROW_MAX_CELL_LOSS.
+ROW_MIN_GAIN = 0.03
+ROW_MAX_CELL_LOSS = 0.01
+M_BANDS = ((1, 1), (2, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 1024), (1025, 4096),
+           (4097, None))
+NK_CLASSES = ((0, 3071), (3072, 8191), (8192, None))
+
+
+def _plan_key(plan) -> str:
+    return f"{plan[0]},{plan[1]}"
+
+
+def _operands(pair: str, m: int, n: int, k: int, device: torch.device):
+    ta, tb = DTYPES[pair]
+    def make(shape, dtype):
+        if dtype == torch.int8:
+            return torch.randint(-127, 128, shape, device=device, dtype=torch.int8)
+        return (torch.randn(shape, device=device) * (2 if dtype.itemsize == 1 else 1)).to(dtype)
+    a, b = make((m, k), ta), make((n, k), tb)
+    sa = torch.rand(m, device=device) + 0.5 if pair in ("w8a8", "fp8") else None
+    sb = torch.rand(n, device=device) + 0.5 if pair != "w16a16" else None
+    return a, b, sa, sb
+
+
+def _facts_record(device: gp.Facts) -> dict:
+    return {**device._asdict(), "cc": list(device.cc)}
+
+
+def facts_from(record: dict) -> gp.Facts:
+    return gp.Facts(**{**record, "cc": tuple(record["cc"])})
+
+
+def sweep(grid, pairs, out: Path, *, rounds: int = gp.TUNE_ROUNDS, log=print) -> dict:
+    """Time every candidate of every (pair, shape) twice on the current CUDA device; write the sweep JSON."""
+    ops.load()
+    device = gp.facts()
+    records = []
+    result = {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, "facts": _facts_record(device),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "records": records}
+    for pair in pairs:
+        for m, n, k in grid:
+            call = gp.Call(pair, "nt", None, m, n, k)
+            chain = gp.decide(call, device).plan
+            a, b, sa, sb = _operands(pair, m, n, k, torch.device("cuda"))
+            scratch = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+            def run(plan):
+                torch.ops.astrai.quant_gemm_out(a, b, sa, sb, None, 0, plan[0], plan[1], scratch)
+
+            plans = gp.candidates(call, device)
+            if tuple(chain) not in plans:
+                plans.append(tuple(chain))
+            t0 = time.perf_counter()
+            first = gp.time_candidates(run, plans, rounds=rounds, keep=(chain,))
+            tune_s = time.perf_counter() - t0
+            tuned = gp.pick(first, chain)
+            second = gp.time_candidates(run, plans, rounds=rounds, keep=(chain, tuned))
+            records.append({"pair": pair, "layout": "nt", "m": m, "n": n, "k": k, "chain": list(chain),
+                            "tuned": list(tuned), "tune_s": round(tune_s, 4),
+                            "first": {_plan_key(p): round(us, 3) for p, us in first.items()},
+                            "second": {_plan_key(p): round(us, 3) for p, us in second.items()}})
+            best2 = min(second.values())
+            log(f"{pair} M={m} N={n} K={k}: chain {chain} {second.get(tuple(chain), math.nan) / best2:.3f}x best, "
+                f"tuned {tuned} {second.get(tuned, math.nan) / best2:.3f}x, {len(first)} timed in {tune_s:.2f} s")
+            del a, b, sa, sb, scratch
+            if len(records) % 10 == 0:  # a sweep cut short keeps what it timed
+                out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def load_sweep(path: Path) -> dict:
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != SWEEP_FORMAT or data.get("version") != SWEEP_VERSION:
+        raise ValueError(f"gemm_tune: {path} is not a {SWEEP_FORMAT} v{SWEEP_VERSION} file")
+    return data
+
+
+def _times(record: dict, which: str = "second") -> dict:
+    return {tuple(int(v) for v in key.split(",")): us for key, us in record[which].items()}
+
+
+def _band(value: int, bands) -> tuple | None:
+    for lo, hi in bands:
+        if value >= lo and (hi is None or value <= hi):
+            return lo, hi
+    return None
+
+
+def _range_text(band) -> str:
+    lo, hi = band
+    return "*" if lo == 0 and hi is None else (f"{lo}-*" if hi is None else (str(lo) if lo == hi else f"{lo}-{hi}"))
+
+
+def fit(sweep_data: dict, arch: str | None = None) -> str:
+    """Rows text from a training sweep: per (pair, M band, N class, K class) cell, then per (pair, M band), the
+    fixed plan timed on every shape of the cell with the best geomean (first measurement), emitted where it beats
+    the chain's plans by ROW_MIN_GAIN with no shape slower than the chain's by ROW_MAX_CELL_LOSS. Specific cells
+    come first (the first matching row wins)."""
+    device = facts_from(sweep_data["facts"])
+    arch = arch or device.arch
+    records = sweep_data["records"]
+    lines = [f"{gp.ROWS_HEADER} {gp.ROWS_VERSION}",
+             f"# fitted by gemm_tune fit on {device.name} ({len(records)} timed shapes, {sweep_data['date']})",
+             "# arch pair layout m n k recipe split"]
+    fine, coarse = [], []
+    for level, out in (("fine", fine), ("coarse", coarse)):
+        cells: dict = {}
+        for r in records:
+            key = (r["pair"], _band(r["m"], M_BANDS))
+            if level == "fine":
+                key += (_band(r["n"], NK_CLASSES), _band(r["k"], NK_CLASSES))
+            cells.setdefault(key, []).append(r)
+        for key, group in sorted(cells.items(), key=lambda kv: str(kv[0])):
+            if len(group) < 2:
+                continue
+            times = [_times(r, "first") for r in group]
+            chain_ratio = [t[tuple(r["chain"])] / min(t.values()) for r, t in zip(group, times)]
+            common = set.intersection(*(set(t) for t in times))
+            best, best_score = None, math.inf
+            for plan in sorted(common):
+                ratios = [t[plan] / min(t.values()) for t in times]
+                score = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+                if score < best_score:
+                    best, best_score = plan, score
+            if best is None:
+                continue
+            chain_score = math.exp(sum(math.log(x) for x in chain_ratio) / len(chain_ratio))
+            worst_loss = max(t[best] / t[tuple(r["chain"])] for r, t in zip(group, times))
+            if best_score * (1 + ROW_MIN_GAIN) <= chain_score and worst_loss <= 1 + ROW_MAX_CELL_LOSS:
+                pair, mband = key[0], key[1]
+                n_text, k_text = (_range_text(key[2]), _range_text(key[3])) if level == "fine" else ("*", "*")
+                out.append(f"{arch} {pair} nt {_range_text(mband)} {n_text} {k_text} {best[0]} {best[1]}"
+                           f"  # {len(group)} shapes: {chain_score / best_score - 1:+.1%} vs the chain")
+    return "\n".join(lines + fine + coarse) + "\n"
+
+
+def validate(rows_text: str, holdout: dict, *, source: str = "<rows>") -> tuple[bool, list[str]]:
+    """Whether `rows_text`, injected above the current chain, keeps every holdout shape within MAX_HOLDOUT_LOSS of
+    the chain's plan (second measurement); lines of report. A row plan the sweep did not time fails the shape."""
+    device = facts_from(holdout["facts"])
+    rows = gp.parse_rows(rows_text, source)
+    report, ok = [], True
+    ratios_chain, ratios_table = [], []
+    for r in holdout["records"]:
+        t = _times(r)
+        best = min(t.values())
+        call = gp.Call(r["pair"], r["layout"], None, r["m"], r["n"], r["k"])
+        gp.inject_rows([], replace=True)
+        chain = gp.decide(call, device).plan
+        gp.inject_rows(rows, replace=True)
+        table = gp.decide(call, device).plan
+        gp.inject_rows([], replace=True)
+        tc, tt = t.get(tuple(chain)), t.get(tuple(table))
+        if tc is None:
+            report.append(f"{gp._key_text(call)}: the chain's plan {chain} was not timed: sweep again")
+            ok = False
+            continue
+        if tt is None:
+            report.append(f"{gp._key_text(call)}: the table's plan {table} was not timed (screened out as slow)")
+            ok = False
+            continue
+        ratios_chain.append(tc / best)
+        ratios_table.append(tt / best)
+        if tt > tc * (1 + MAX_HOLDOUT_LOSS):
+            ok = False
+            report.append(f"{gp._key_text(call)}: table plan {table} {tt / tc - 1:+.1%} against the chain's {chain}")
+    geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan  # noqa: E731
+    report.append(f"holdout regret against the best timed plan, geomean (worst): chain {geo(ratios_chain) - 1:.2%} "
+                  f"({max(ratios_chain, default=math.nan) - 1:.1%}), with the table {geo(ratios_table) - 1:.2%} "
+                  f"({max(ratios_table, default=math.nan) - 1:.1%}); {'accepted' if ok else 'REJECTED'}")
+    return ok, report
+
+
+def regret_report(data: dict) -> list[str]:
+    """Per pair: the chain's and the tuned plan's regret against the best plan of the second measurement, whether
+    the two measurements picked the same plan (the tie policy applied to both), and the tuning time."""
+    lines = []
+    by_pair: dict = {}
+    for r in data["records"]:
+        by_pair.setdefault(r["pair"], []).append(r)
+    for pair, group in by_pair.items():
+        chain, tuned, same, tune_s = [], [], 0, []
+        for r in group:
+            t = _times(r)
+            best = min(t.values())
+            chain.append(t.get(tuple(r["chain"]), math.inf) / best)
+            tuned.append(t.get(tuple(r["tuned"]), math.inf) / best)
+            same += gp.pick(t, tuple(r["chain"])) == tuple(r["tuned"])
+            tune_s.append(r["tune_s"])
+        geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))  # noqa: E731
+        lines.append(f"{pair}: {len(group)} shapes; chain regret {geo(chain) - 1:.2%} (worst {max(chain) - 1:.1%}); "
+                     f"tuned {geo(tuned) - 1:.2%} (worst {max(tuned) - 1:.1%}); same pick twice {same}/{len(group)}; "
+                     f"tuning {max(tune_s):.2f} s at most")
+    return lines
+
+
+def install(rows_path: Path, arch: str | None = None) -> Path:
+    """Copy a validated rows file to the package's builtin rows of its device class (`<arch>.rows`)."""
+    text = Path(rows_path).read_text()
+    rows = gp.parse_rows(text, str(rows_path))
+    archs = {r.arch for r in rows} - {"*"}
+    if arch is None:
+        if len(archs) != 1:
+            raise ValueError(f"gemm_tune install: {rows_path} has rows for {sorted(archs) or 'every arch'}; "
+                             "pass --arch")
+        arch = archs.pop()
+    target = gp.BUILTIN_DIR / f"{arch}.rows"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(rows_path, target)
+    return target
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m astrai.extension.gemm_tune", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sweep", help="time every recipe over a grid on this GPU")
+    s.add_argument("--grid", default="train", choices=sorted(GRIDS))
+    s.add_argument("--pairs", default="w16a16,w8a16,w8a8,fp8")
+    s.add_argument("--out", type=Path, required=True)
+    f = sub.add_parser("fit", help="rows from a training sweep")
+    f.add_argument("sweep", type=Path)
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--arch")
+    v = sub.add_parser("validate", help="check rows against a holdout sweep")
+    v.add_argument("rows", type=Path)
+    v.add_argument("holdout", type=Path)
+    r = sub.add_parser("report", help="regret of the chain and of tuning in a sweep")
+    r.add_argument("sweep", type=Path)
+    i = sub.add_parser("install", help="make rows the builtin rows of their device class")
+    i.add_argument("rows", type=Path)
+    i.add_argument("--arch")
+    args = parser.parse_args(argv)
+    if args.command == "sweep":
+        pairs = [p for p in args.pairs.split(",") if p]
+        bad = [p for p in pairs if p not in DTYPES]
+        if bad:
+            parser.error(f"--pairs: unknown pair(s) {bad}; expected some of {sorted(DTYPES)}")
+        data = sweep(GRIDS[args.grid], pairs, args.out)
+        print("\n".join(regret_report(data)))
+    elif args.command == "fit":
+        args.out.write_text(fit(load_sweep(args.sweep), args.arch))
+        print(args.out.read_text(), end="")
+    elif args.command == "validate":
+        ok, report = validate(args.rows.read_text(), load_sweep(args.holdout), source=str(args.rows))
+        print("\n".join(report))
+        return 0 if ok else 1
+    elif args.command == "report":
+        print("\n".join(regret_report(load_sweep(args.sweep))))
+    else:
+        print(install(args.rows, args.arch))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
