@@ -438,12 +438,16 @@ class _State:
 
 _lock = threading.RLock()
 _state = _State()
-# Memo of decisions: call key -> Decision. Cleared by every setter.
+# Memo of decisions: (Call, Facts) -> Decision. Cleared by every setter.
 _decisions: dict = {}
+# plan_call's memo of final plans (no tuning pending), keyed by what a call's tensors say directly: (a.dtype,
+# b.dtype, layout, a.shape, b.shape, batch_invariant, a.device) -> plan. Cleared with _decisions.
+_final_plans: dict = {}
 
 
 def _changed() -> None:
     _decisions.clear()
+    _final_plans.clear()
 
 
 def _env_int(name: str, value: str) -> int:
@@ -927,24 +931,42 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
     return out
 
 
+# Host time to enqueue one timed launch (events + the op's Python and binding), generously: a round's sleep covers it.
+ENQUEUE_US = 60.0
+
+
+def _timed_round(run: Callable, plans: list, stream) -> dict:
+    """Each plan once between two CUDA events, the GPU kept busy (a sleep kernel queued first, long enough to cover
+    the host's enqueueing of the round) so each event pair times the kernels alone, not the host's launch gap."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(int(ENQUEUE_US * len(plans) * 2000))  # cycles at up to 2 GHz
+    events = []
+    for plan in plans:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        run(plan)
+        end.record(stream)
+        events.append((plan, start, end))
+    stream.synchronize()
+    return {plan: start.elapsed_time(end) * 1000.0 for plan, start, end in events}
+
+
 def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[int, int]], *,
                     rounds: int = TUNE_ROUNDS, keep=()) -> dict[tuple[int, int], float]:
     """Median microseconds of `run(plan)` for each plan: one screening call each (slower than SCREEN_FACTOR x the
     fastest: left out), then `rounds` interleaved rounds timed by CUDA events on the current stream (a plan slower
     than PRUNE_FACTOR x the best median after PRUNE_AFTER rounds is dropped from later rounds). A plan whose run
     raises is left out. Plans in `keep` are timed every round whatever their speed."""
+    ok: list = []
     stream = torch.cuda.current_stream()
-    screen = {}
-    for plan in plans:  # each once, timed roughly (a kernel's first launch also loads it): screens out the slow
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for plan in plans:  # each once untimed: a kernel's first launch also loads it
         try:
-            start.record(stream)
             run(plan)
-            end.record(stream)
-            stream.synchronize()
         except RuntimeError:
             continue
-        screen[plan] = start.elapsed_time(end)
+        ok.append(plan)
+    screen = _timed_round(run, ok, stream)
     if not screen:
         return {}
     fastest = min(screen.values())
@@ -952,16 +974,8 @@ def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[in
     live = [plan for plan in plans if plan in screen and (screen[plan] <= SCREEN_FACTOR * fastest or plan in keep)]
     times: dict = {plan: [] for plan in live}
     for r in range(rounds):
-        events = []
-        for plan in live:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            run(plan)
-            end.record(stream)
-            events.append((plan, start, end))
-        stream.synchronize()
-        for plan, start, end in events:
-            times[plan].append(start.elapsed_time(end) * 1000.0)
+        for plan, us in _timed_round(run, live, stream).items():
+            times[plan].append(us)
         if r + 1 == PRUNE_AFTER and live:
             best = min(statistics.median(times[p]) for p in live)
             live = [p for p in live if statistics.median(times[p]) <= PRUNE_FACTOR * best or p in keep]
@@ -996,6 +1010,7 @@ def tune(call: Call, device: Facts, run: Callable[[tuple[int, int]], None], *,
         if t.enabled:
             PlanCache(t.roots).store(device, call, make_entry(device, call, winner, timings))
         _decisions.pop((call, device), None)
+        _final_plans.clear()
     return winner, timings
 
 
@@ -1030,24 +1045,34 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
               out: torch.Tensor | None, batch_invariant: bool) -> tuple[int, int]:
     """The plan `ops.gemm.quant_gemm` launches for a call with plan=None: the chain's decision, tuned first where
     autotuning is on and the call is eager (not captured into a CUDA graph, not traced by torch.compile)."""
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        key = (a.dtype, b.dtype, layout, a.shape, b.shape, batch_invariant, a.device)
+        plan = _final_plans.get(key)
+        if plan is not None:
+            return plan
     gemm = _gemm()
     pair = gemm.pair_of(a.dtype, b.dtype)
     if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
         return 0, 1  # the op raises its own error
     shape = gemm.problem(layout, a.shape, b.shape)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    if torch.compiler.is_compiling():
+    if compiling:
         return divmod(_traced_plan(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a,
                                    bool(batch_invariant), index), _PLAN_CODE)
     call = Call(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant))
     device = facts(index)
     decision = decide(call, device)
-    if (not _state.tuning.enabled or decision.planner not in ("model", "degraded")
-            or torch.cuda.is_current_stream_capturing()):
+    if not _state.tuning.enabled or decision.planner not in ("model", "degraded"):
+        _final_plans[key] = decision.plan  # nothing can change it but a setter
         return decision.plan
+    if torch.cuda.is_current_stream_capturing():
+        return decision.plan  # tuning synchronizes: never while a graph is captured
     with _lock:
         wanted = _wants_tuning(call, device)
     if not wanted:
+        if _state.tuning.tuned >= _state.tuning.max_shapes:
+            _final_plans[key] = decision.plan
         return decision.plan
     scratch = torch.empty(shape.out_shape, dtype=out.dtype if out is not None else out_dtype, device=a.device)
 
@@ -1059,4 +1084,6 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
         print(f"[gemm-plan] autotune {_key_text(call)}: recipe {winner[0]} split {winner[1]} of {len(timings)} "
               f"timed ({min(timings.values()):.1f} us)" if timings else
               f"[gemm-plan] autotune {_key_text(call)}: nothing could be timed", file=sys.stderr)
-    return decide(call, device).plan
+    plan = decide(call, device).plan
+    _final_plans[key] = plan
+    return plan
