@@ -50,6 +50,7 @@ except ImportError:  # run as a script from a source tree: the repository root i
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from astrai.extension.backend import gemm as backend
+from astrai.extension.ops import gemm_plan
 from astrai.extension.ops import gemm as ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,6 +58,9 @@ import gpu_timing  # noqa: E402
 
 PAIRS = ("w16a16", "w8a16", "w8a8", "fp8_tensor", "fp8_row")
 OP_PAIR = {"w16a16": "w16a16", "w8a16": "w8a16", "w8a8": "w8a8", "fp8_tensor": "fp8", "fp8_row": "fp8"}
+DTYPES_OF = {"w16a16": (torch.bfloat16, torch.bfloat16), "w8a16": (torch.bfloat16, torch.int8),
+             "w8a8": (torch.int8, torch.int8), "fp8_tensor": (torch.float8_e4m3fn, torch.float8_e4m3fn),
+             "fp8_row": (torch.float8_e4m3fn, torch.float8_e4m3fn)}
 INT_MM_MIN_M = 17  # torch._int_mm on CUDA refuses M <= 16
 ANCHORS = {
     "w16a16": "cuBLAS bf16 F.linear",
@@ -260,8 +264,7 @@ def measure(pair: str, m: int, n: int, k: int, *, replays: int = 20) -> dict:
     kernel_us = statistics.median(times)
     return {
         "pair": pair, "m": m, "n": n, "k": k, "anchor": anchor_name(pair, m), "out_dtype": str(out_dtype(pair, m)),
-        "plan": list(ops.builtin_plan(m, n, k, OP_PAIR[pair], ops.num_sms(torch.device("cuda")),
-                                      sm90=ops.sm90_available(torch.device("cuda")))),  # what the op runs
+        "plan": list(gemm_plan.probe(m, n, k, dtypes=DTYPES_OF[pair]).plan),  # what the op runs (the chain's)
         "kernel_us": kernel_us, "kernel_us_min": min(times), "kernel_us_max": max(times), "anchor_us": anchor_us,
         "dequant_us": dequant_us, "copy_us": copy_us, "weight_bytes": wbytes, "flops": flops(m, n, k),
         "kernel_tflops": flops(m, n, k) / kernel_us / 1e6, "anchor_tflops": flops(m, n, k) / anchor_us / 1e6,

@@ -215,18 +215,21 @@ def test_tail_split_geometry():
 
 
 def test_sm90_plan_scope():
-    """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 6 (the weight stream)
-    at the M of SM90_STREAM_BANDS (w8a16: M <= 8 at N >= 7168), 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other
-    layouts, the M between, w8a16 at M <= 16 below that N) the plan is the portable one. Batch-invariant: recipe 4
-    at every M, split from (N, K); w8a16 recipe 2."""
+    """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 4 / 5 / 6 at
+    SM90_SMALL_M < M <= SM90_MIN_M (SM90_SMALL_MODEL), 6 (the weight stream) at the M of SM90_STREAM_BANDS (w8a16:
+    M <= 8 at N >= 7168), 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other layouts, M = 9-16, w8a16 at M <= 16
+    below that N) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16
+    recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
-        stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8, 17, 32)}.get(pair, ())  # test_sm90_stream_plan
+        stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8)}.get(pair, ())  # test_sm90_stream_plan
         for m in (1, 8, 9, 16, 17, 32, 33, 64):
             plan = ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True)
             if m in stream_m:
                 assert plan[0] == ops.SM90_STREAM_RECIPE
             elif pair == "w8a16" and m > ops.SMALL_M:
                 assert plan[0] in ops.SM90_W8A16_RECIPES
+            elif m > ops.SM90_SMALL_M:
+                assert plan[0] in (4, 5, 6) and not (pair == "fp8" and plan[0] == 5)
             else:
                 assert plan == ops.builtin_plan(m, 4096, 4096, pair, 132)
             assert ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, layout="nn") == \
@@ -239,7 +242,7 @@ def test_sm90_plan_scope():
     for m in (17, 1024):  # batch-invariant w8a16: the weight stream at every M, as off a Hopper GPU
         assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, sm90=True, batch_invariant=True) == \
             ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True)
-    assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
+    assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
     # w8a16: recipe 6 only at M <= 8 with N >= 7168 (SM90_STREAM_W8A16_*); at N = 4096 above, the portable stream
     for m, k, want in ((1, 4096, (6, 1)), (8, 16384, (6, 2)), (0, 2048, (6, 1))):
         assert ops.builtin_plan(m, 14336, k, "w8a16", 132, sm90=True) == want
@@ -256,16 +259,39 @@ def test_sm90_plan_scope():
 
 
 # (M, N, K, pair) -> recipe 6's split on 132 SMs: the largest of 1, 2, 4 whose CTAs (ceil(N / 64) x blocks of 16
-# rows x split) fit one a SM and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
+# rows x split) fit two a SM (264) and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
 SM90_STREAM_TABLE = {
-    (1, 4096, 4096, "w16a16"): 2,     # 64 blocks: 128 CTAs; 4 would be 256
-    (8, 4096, 4096, "w8a8"): 2,
+    (1, 4096, 4096, "w16a16"): 4,     # 64 blocks: 256 CTAs; 64 K tiles
+    (8, 4096, 4096, "w8a8"): 4,       # 32 K tiles: 4 slices of 8
+    (1, 6144, 4096, "w16a16"): 2,     # 96 blocks: 192 CTAs; 4 would be 384
     (1, 14336, 4096, "w16a16"): 1,    # 224 blocks
     (1, 2112, 7168, "fp8"): 4,        # 33 blocks: 132 CTAs; 56 K tiles
     (1, 24576, 1536, "w8a8"): 1,      # 384 blocks
     (8, 4096, 512, "w16a16"): 1,      # 8 K tiles
-    (32, 2112, 16384, "fp8"): 2,      # 33 x 2 blocks (two of 16 rows): 132 CTAs
+    (8, 2112, 16384, "fp8"): 4,       # 33 blocks, 128 K tiles: 4 is the largest split offered
 }
+
+
+# (M, N, K, pair) -> the small band's plan (SM90_SMALL_MODEL, 16 < M <= 64) where it is the best plan the session-22
+# H200 training sweep timed for that cell (docs/benchmarks.md).
+SM90_SMALL_TABLE = {
+    (64, 14336, 4096, "w16a16"): (5, 2),
+    (32, 4096, 14336, "w16a16"): (5, 8),
+    (64, 2112, 7168, "w16a16"): (4, 4),
+    (32, 24576, 1536, "w16a16"): (5, 1),
+    (64, 4096, 4096, "w8a8"): (4, 4),
+    (64, 7168, 2048, "w8a8"): (4, 2),
+    (32, 6144, 4096, "fp8"): (6, 2),
+    (32, 14336, 4096, "fp8"): (4, 1),
+    (64, 24576, 1536, "fp8"): (4, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SM90_SMALL_TABLE), ids=lambda c: "-".join(map(str, c)))
+def test_sm90_small_plan(case):
+    m, n, k, pair = case
+    assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == SM90_SMALL_TABLE[case]
+    assert ops.builtin_plan(m, n, k, pair, 132)[0] < 4  # never off an H100 / H200
 
 
 # (M, N, K) -> Hopper w8a16's plan on 132 SMs: the SM90_W8A16_MODEL's least cost, the best plan the H200 sweep timed

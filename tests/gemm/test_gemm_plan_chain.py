@@ -158,7 +158,7 @@ def test_shared_memory_ceiling_falls_through():
 def test_table_planner_without_rows_is_the_degraded_ladder():
     gp.set_planner("table")
     for m, recipe in ((1, 2), (16, 2), (17, 1), (64, 1), (65, 0), (8192, 0)):
-        assert gp.probe(m, 4096, 4096, facts=H200)[:2] == ((recipe, 1), "degraded")
+        assert gp.probe(m, 4096, 4096, facts=A100)[:2] == ((recipe, 1), "degraded")  # no sm80 rows
     # "tt" runs swapped for w16a16: the kernel's rows are N (8: recipe 2), whatever M is
     assert gp.probe(4096, 8, 4096, layout="tt", facts=A100)[:2] == ((2, 1), "degraded")
     gp.set_planner("")
@@ -467,3 +467,19 @@ def test_eight_processes_tuning_into_one_root_lose_and_corrupt_nothing(tmp_path)
         entry = cache.lookup(H200, gp.Call("w8a8", "nt", None, m, 2048, 2048))
         assert entry is not None and entry["plan"] in ([0, 1], [1, 1])
     assert not cache.problems
+
+
+def test_shipped_builtin_rows_parse_and_serve_their_class():
+    files = sorted(gp.BUILTIN_DIR.glob("*.rows"))
+    assert [f.name for f in files] == ["sm90.rows"]  # other classes: empty tables (the model)
+    rows = gp.parse_rows(files[0].read_text(), str(files[0]))
+    assert rows and all(r.arch == "sm90" and r.recipe is not None for r in rows)
+    for row in rows:  # each row can run on an H200 with this image's recipes, and serves its own cell
+        m, n, k = row.m.lo, row.n.lo, row.k.lo
+        c = gp.Call(row.pair, row.layout, None, m, n, k)
+        assert gp.can_run(c, (row.recipe, row.split), H200) is None
+        dtypes = {"w16a16": (BF16, BF16), "w8a16": (BF16, I8), "w8a8": (I8, I8), "fp8": (E4M3, E4M3)}[row.pair]
+        decision = gp.probe(m, n, k, dtypes=dtypes, facts=H200)
+        first = next(r for r in rows if r.matches("sm90", row.pair, row.layout, m, n, k))
+        assert decision[:3] == ((first.recipe, first.split), "builtin", first.source)
+    assert all(gp.probe(r.m.lo, r.n.lo, r.k.lo, facts=A100).planner == "model" for r in rows if r.pair == "w16a16")

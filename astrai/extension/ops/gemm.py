@@ -153,8 +153,24 @@ SM90_SPLITS = (1, 2, 4, 8)
 # w16a16, w8a8 and fp8 at M = 1 and 8, 1.41x for fp8 at M = 32 (M = 17-31 not timed); behind it for w8a16 at every M
 # and for the others at M = 16 (docs/benchmarks.md "GEMM, the Hopper weight stream"; rule chosen and scored on the
 # same sweep). Its split is the largest of SM90_STREAM_SPLITS whose
-# CTAs (64 weight rows a K slice, blocks of 16 token rows) fit one a SM and that keeps >= SM90_STREAM_MIN_K_TILES K
-# tiles (128 bytes of a weight row) a slice.
+# CTAs (64 weight rows a K slice, blocks of 16 token rows) fit SM90_STREAM_CTAS_PER_SM a SM and that keeps >=
+# SM90_STREAM_MIN_K_TILES K tiles (128 bytes of a weight row) a slice. Two CTAs a SM (was one): on the plan-chain
+# sweeps of the twenty-second session the split it adds was 1.2-1.3x faster at N = 5120-7168 (docs/benchmarks.md).
+SM90_STREAM_CTAS_PER_SM = 2
+# The small band SM90_SMALL_M < M <= SM90_MIN_M (every pair but w8a16, layout "nt"): the (recipe, split) of least
+# estimated time among recipes 4, 5 and 6, q * (stage_r * ceil(k_tiles / s) + unit_r) + split_cost * M * N * s / 1e6,
+# q = ceil(units * s / (num_sms * ctas_r)): units are recipe 4 / 5's tiles of 128 rows or recipe 6's blocks of 64
+# weight rows x 16 tokens, ctas_r one a SM for 4 and 5 and SM90_STREAM_FIT_CTAS for 6 (72 KB each). Splits 1-16 for 4
+# and 5 (>= MIN_K_PER_SPLIT of K each), 1-8 for 6 (>= SM90_STREAM_MIN_K_TILES K tiles each).
+# SM90_SMALL_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, stage_6, unit_6, split_cost): least-squares fit
+# (relative error, clipped at 0) to the session-22 training sweep (gemm_tune sweep --grid train: M 32 and 64, the
+# nine (N, K)); holdout regret in docs/benchmarks.md.
+SM90_SMALL_M = SMALL_M
+SM90_STREAM_FIT_CTAS = 3
+SM90_SMALL_SPLITS = (1, 2, 4, 8, 16)
+SM90_SMALL_MODEL = {"w16a16": (0.458, 4.585, 0.743, 6.329, 0.256, 7.983, 1.47),
+                    "w8a8": (0.511, 4.912, 0.83, 6.784, 0.261, 6.804, 0.622),
+                    "fp8": (0.515, 4.6, None, None, 0.313, 6.873, 1.009)}
 # Hopper w8a16 (recipes 7, 8 and 9, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
 # estimated time over SM90_SPLITS, the same form as SM90_MODEL on their one-tile-a-CTA grid (q = ceil(tiles * s /
 # num_sms) waves, k_tiles of 128 values): SM90_W8A16_MODEL = (stage_7, unit_7, stage_8, unit_8, stage_9, unit_9,
@@ -163,7 +179,7 @@ SM90_SPLITS = (1, 2, 4, 8)
 # (docs/results/2026-12-04_h200_w8a16_narrow_probe.txt): geomean regret against the best timed plan 0.2%, worst 8%.
 # Recipe 9 (64 tokens) is its pick up to M = 96; ahead of the portable plan at every timed cell.
 SM90_W8A16_MODEL = (0.908, 5.846, 1.238, 8.958, 0.687, 3.996, 2.113)
-SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8), (17, 32))}
+SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
 # w8a16 takes recipe 6 in layout "nt" at M <= SM90_STREAM_W8A16_MAX_M where N >= SM90_STREAM_W8A16_MIN_N (>= 112
 # blocks of 64 weight rows), split 2 from K >= SM90_STREAM_W8A16_SPLIT2_K, else 1: where the H200 timed it ahead of
 # the portable weight stream, 1.06-1.13x on the four such cells of the nine (N, K) at M = 1 and 8 (eight consumer
@@ -277,7 +293,7 @@ def _sm90_stream_split(m: int, n: int, k: int, pair: str, num_sms: int) -> int:
     k_tiles = _k_tiles(k, pair)
     best = 1
     for split in SM90_STREAM_SPLITS:
-        if blocks * split <= num_sms and k_tiles >= split * SM90_STREAM_MIN_K_TILES:
+        if blocks * split <= SM90_STREAM_CTAS_PER_SM * num_sms and k_tiles >= split * SM90_STREAM_MIN_K_TILES:
             best = split
     return best
 
@@ -366,6 +382,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
             return 4, _split_k(_tiles(1, n, 4), k, num_sms)
         if m > SM90_MIN_M:
             return _sm90_plan(m, n, k, pair, num_sms)
+        if m > SM90_SMALL_M:
+            return _sm90_small_plan(m, n, k, pair, num_sms)
     if batch_invariant:
         # Every mainloop recipe walks K in the same order, so only the split must not depend on M.
         split = _split_k(_tiles(1, n, 2), k, num_sms, SMALL_M_WAVES)
@@ -432,6 +450,33 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
             cost += split_cost * rest * tile.tile_m * tile.tile_n * split / 1e6
             if cost * (1 + TAIL_MARGIN) < best_cost:
                 best, best_cost = (recipe, TAIL_SPLIT), cost * (1 + TAIL_MARGIN)
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
+    """SM90_SMALL_M < M <= SM90_MIN_M: recipes 4, 5 and 6 by SM90_SMALL_MODEL[pair] (fp8: no recipe 5); ties keep
+    the first recipe and the smaller split."""
+    stage_4, unit_4, stage_5, unit_5, stage_6, unit_6, split_cost = SM90_SMALL_MODEL[pair]
+    k_tiles = _k_tiles(k, pair)
+    best, best_cost = (4, 1), math.inf
+    for recipe, stage, unit in ((4, stage_4, unit_4), (5, stage_5, unit_5), (6, stage_6, unit_6)):
+        if stage is None:
+            continue
+        if recipe == SM90_STREAM_RECIPE:
+            units, ctas = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(m / 16), SM90_STREAM_FIT_CTAS
+            splits = [s for s in SM90_SMALL_SPLITS if s <= SM90_STREAM_MAX_SPLIT and
+                      (s == 1 or k_tiles >= s * SM90_STREAM_MIN_K_TILES)]
+        else:
+            units, ctas = _tiles(m, n, recipe), 1
+            splits = [s for s in SM90_SMALL_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
+        for split in splits:
+            q = math.ceil(units * split / (num_sms * ctas))
+            cost = q * (stage * math.ceil(k_tiles / split) + unit)
+            if split > 1:
+                cost += split_cost * m * n * split / 1e6
+            if cost < best_cost:
+                best, best_cost = (recipe, split), cost
     return best
 
 
