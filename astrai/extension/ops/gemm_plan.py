@@ -933,16 +933,22 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
 
 # Host time to enqueue one timed launch (events + the op's Python and binding), generously: a round's sleep covers it.
 ENQUEUE_US = 60.0
+# GPU time of reading the L2 flush buffer before a timed launch (~120 MB at ~3 TB/s), for the round's sleep.
+FLUSH_US = 60.0
 
 
-def _timed_round(run: Callable, plans: list, stream) -> dict:
+def _timed_round(run: Callable, plans: list, stream, flush: torch.Tensor | None) -> dict:
     """Each plan once between two CUDA events, the GPU kept busy (a sleep kernel queued first, long enough to cover
-    the host's enqueueing of the round) so each event pair times the kernels alone, not the host's launch gap."""
+    the host's enqueueing of the round) so each event pair times the kernels alone, not the host's launch gap.
+    `flush` (twice the L2) is read before each timed launch, outside its events: operands come from DRAM, as a
+    layer's weights do in a model (with operands left in L2, small-M weight streams favour other splits)."""
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is not None:
-        sleep(int(ENQUEUE_US * len(plans) * 2000))  # cycles at up to 2 GHz
+        sleep(int((ENQUEUE_US + (FLUSH_US if flush is not None else 0.0)) * len(plans) * 2000))  # cycles, <= 2 GHz
     events = []
     for plan in plans:
+        if flush is not None:
+            flush.amax()  # read: leaves L2 clean (a write would leave write-backs inside the next timed window)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
         run(plan)
@@ -952,21 +958,30 @@ def _timed_round(run: Callable, plans: list, stream) -> dict:
     return {plan: start.elapsed_time(end) * 1000.0 for plan, start, end in events}
 
 
+def l2_flush_buffer(device=None) -> torch.Tensor:
+    """A CUDA buffer twice the device's L2 (at least 64 MiB), for timing with operands evicted from L2."""
+    index = torch.cuda.current_device() if device is None else torch.device(device).index or 0
+    l2 = int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0)
+    return torch.zeros(max(2 * l2, 64 << 20) // 4, dtype=torch.float32, device=torch.device("cuda", index))
+
+
 def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[int, int]], *,
-                    rounds: int = TUNE_ROUNDS, keep=()) -> dict[tuple[int, int], float]:
+                    rounds: int = TUNE_ROUNDS, keep=(), flush_l2: bool = True) -> dict[tuple[int, int], float]:
     """Median microseconds of `run(plan)` for each plan: one screening call each (slower than SCREEN_FACTOR x the
     fastest: left out), then `rounds` interleaved rounds timed by CUDA events on the current stream (a plan slower
     than PRUNE_FACTOR x the best median after PRUNE_AFTER rounds is dropped from later rounds). A plan whose run
-    raises is left out. Plans in `keep` are timed every round whatever their speed."""
+    raises is left out. Plans in `keep` are timed every round whatever their speed. `flush_l2`: each timed launch
+    starts with the operands out of L2 (`_timed_round`)."""
     ok: list = []
     stream = torch.cuda.current_stream()
+    flush = l2_flush_buffer() if flush_l2 else None
     for plan in plans:  # each once untimed: a kernel's first launch also loads it
         try:
             run(plan)
         except RuntimeError:
             continue
         ok.append(plan)
-    screen = _timed_round(run, ok, stream)
+    screen = _timed_round(run, ok, stream, flush)
     if not screen:
         return {}
     fastest = min(screen.values())
@@ -974,7 +989,7 @@ def time_candidates(run: Callable[[tuple[int, int]], None], plans: list[tuple[in
     live = [plan for plan in plans if plan in screen and (screen[plan] <= SCREEN_FACTOR * fastest or plan in keep)]
     times: dict = {plan: [] for plan in live}
     for r in range(rounds):
-        for plan, us in _timed_round(run, live, stream).items():
+        for plan, us in _timed_round(run, live, stream, flush).items():
             times[plan].append(us)
         if r + 1 == PRUNE_AFTER and live:
             best = min(statistics.median(times[p]) for p in live)
