@@ -259,11 +259,10 @@ def test_sm90_plan_scope():
 
 
 # (M, N, K, pair) -> recipe 6's split on 132 SMs: the largest of 1, 2, 4 whose CTAs (ceil(N / 64) x blocks of 16
-# rows x split) fit two a SM (264) and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
+# rows x split) fit one a SM and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
 SM90_STREAM_TABLE = {
-    (1, 4096, 4096, "w16a16"): 4,     # 64 blocks: 256 CTAs; 64 K tiles
-    (8, 4096, 4096, "w8a8"): 4,       # 32 K tiles: 4 slices of 8
-    (1, 6144, 4096, "w16a16"): 2,     # 96 blocks: 192 CTAs; 4 would be 384
+    (1, 4096, 4096, "w16a16"): 2,     # 64 blocks: 128 CTAs; 4 would be 256
+    (8, 4096, 4096, "w8a8"): 2,
     (1, 14336, 4096, "w16a16"): 1,    # 224 blocks
     (1, 2112, 7168, "fp8"): 4,        # 33 blocks: 132 CTAs; 56 K tiles
     (1, 24576, 1536, "w8a8"): 1,      # 384 blocks

@@ -140,9 +140,8 @@ STREAM_MIN_K_PER_SPLIT = 256
 #   q * (stage_r * ceil(k_tiles / s) + unit_r) + split_cost * M * N * s / 1e6  (the last term only for s > 1),
 # q = ceil(units * s / num_sms) the units of the busiest SM, k_tiles = ceil(K / K tile) (64 16-bit or 128 8-bit
 # values). SM90_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, split_cost): least-squares fit (relative error) to
-# an H200 sweep of every recipe and split of 4 and 5 over M 128-4096 and the nine (N, K) of tests/bench/
-# probe_gemm_plans.py (docs/benchmarks.md): geomean regret against the best timed plan 1.8% (w16a16), 0.3% (fp8),
-# 0.9% (w8a8). fp8 has recipe 4 only. The last wave split (split_k = TAIL_SPLIT) competes too, priced as its whole
+# the twenty-second session's training sweep (`gemm_tune sweep --grid train`: every plan of 4 and 5 at M 128-8192
+# and the nine (N, K), operands out of L2; docs/benchmarks.md). fp8 has recipe 4 only. The last wave split (split_k = TAIL_SPLIT) competes too, priced as its whole
 # waves, one wave of slices and split_cost per element of the slices' partials (`_least_cost_plan`), taken only
 # where strictly cheaper. A batch-invariant plan is recipe 4 with the split of one row of tiles (both from (N, K)
 # alone), never the last wave split (which tiles split depends on M).
@@ -154,9 +153,10 @@ SM90_SPLITS = (1, 2, 4, 8)
 # and for the others at M = 16 (docs/benchmarks.md "GEMM, the Hopper weight stream"; rule chosen and scored on the
 # same sweep). Its split is the largest of SM90_STREAM_SPLITS whose
 # CTAs (64 weight rows a K slice, blocks of 16 token rows) fit SM90_STREAM_CTAS_PER_SM a SM and that keeps >=
-# SM90_STREAM_MIN_K_TILES K tiles (128 bytes of a weight row) a slice. Two CTAs a SM (was one): on the plan-chain
-# sweeps of the twenty-second session the split it adds was 1.2-1.3x faster at N = 5120-7168 (docs/benchmarks.md).
-SM90_STREAM_CTAS_PER_SM = 2
+# SM90_STREAM_MIN_K_TILES K tiles (128 bytes of a weight row) a slice. One CTA a SM: a larger grid does not launch as
+# a programmatic dependent; timed alone the split a second CTA allows was faster (plan-chain sweeps, twenty-second
+# session), in the gated suite's chains of calls 13-17% slower at M = 1 (docs/benchmarks.md).
+SM90_STREAM_CTAS_PER_SM = 1
 # The small band SM90_SMALL_M < M <= SM90_MIN_M (every pair but w8a16, layout "nt"): the (recipe, split) of least
 # estimated time among recipes 4, 5 and 6, q * (stage_r * ceil(k_tiles / s) + unit_r) + split_cost * M * N * s / 1e6,
 # q = ceil(units * s / (num_sms * ctas_r)): units are recipe 4 / 5's tiles of 128 rows or recipe 6's blocks of 64
@@ -191,8 +191,8 @@ SM90_STREAM_W8A16_SPLIT2_K = 8192
 SM90_STREAM_SPLITS = (1, 2, 4)
 SM90_STREAM_ROWS = 64
 SM90_STREAM_MIN_K_TILES = 8
-SM90_MODEL = {"w16a16": (0.359, 4.22, 0.670, 7.73, 2.24), "fp8": (0.424, 4.05, None, None, 2.00),
-              "w8a8": (0.352, 3.39, 0.629, 5.97, 2.29)}
+SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.419, 4.322, None, None, 1.618),
+              "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
 # never picks recipes 4-9 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = gemm_plan.PORTABLE_KNOB

@@ -66,7 +66,10 @@ SCREEN_FACTOR = 3.0
 # one, else the first in vocabulary order (recipe id, then split). Keeps two tunes on an idle GPU on one answer.
 TIE = 0.01
 
-# Splits the autotuner tries a recipe at (those the op accepts, each keeping >= one K tile a slice).
+# Splits the autotuner tries a recipe at (those the op accepts, each keeping >= one K tile a slice). At M <= 16 it
+# times recipe 6 (the weight stream) only where its grid fits one CTA a SM: only such a grid launches as a programmatic
+# dependent of the call before, an overlap that timing one launch at a time cannot see and that was worth 13-17% at
+# M = 1 in the gated suite's chains of calls (docs/benchmarks.md).
 TUNE_SPLITS = (1, 2, 4, 8, 16)
 TAIL_SPLIT = 0
 MAX_SPLIT_K = 64          # the op's limit (csrc/bindings/gemm.cpp)
@@ -924,8 +927,10 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
         for split in ((TAIL_SPLIT,) if info.id in (4, 5) else ()) + TUNE_SPLITS:
             if split > 1 and math.ceil(call.k / k_tile) < split:
                 continue
-            if split > 1 and tiles * (split // 2) >= 2 * device.num_sms:
-                continue  # the half split already ran two waves of CTAs: more slices only add partial sums
+            if split > 1 and tiles * (split // 2) >= 4 * device.num_sms:
+                continue  # the half split already ran four waves of CTAs: more slices only add partial sums
+            if info.id == 6 and rows <= gemm.SMALL_M and tiles * split > device.num_sms:
+                continue  # a grid over one CTA a SM: no programmatic dependent launch (TUNE_SPLITS)
             if can_run(call, (info.id, split), device, tma=_state.tma, mx=_state.mx) is None:
                 out.append((info.id, split))
     return out
@@ -1014,6 +1019,8 @@ def tune(call: Call, device: Facts, run: Callable[[tuple[int, int]], None], *,
     with _lock:
         chain_plan = _decide(call, device, None).plan
         plans = candidates(call, device)
+        if tuple(chain_plan) not in plans:
+            plans.append(tuple(chain_plan))  # the plan tuning must beat is always timed
     timings = timer(run, plans)
     if not timings:
         return chain_plan, {}
