@@ -5,7 +5,8 @@ validate them on a holdout, install them as the builtin rows of the device class
     python -m astrai.extension.gemm_tune sweep --grid holdout --out holdout.json  # GPU
     python -m astrai.extension.gemm_tune fit train.json --out sm90.rows
     python -m astrai.extension.gemm_tune validate sm90.rows holdout.json
-    python -m astrai.extension.gemm_tune install sm90.rows
+    python -m astrai.extension.gemm_tune prune sm90.rows holdout.json holdout2.json --out sm90.pruned.rows
+    python -m astrai.extension.gemm_tune install sm90.pruned.rows
 
 A sweep times each shape twice, independently (two full interleaved measurements of every candidate,
 `gemm_plan.time_candidates`): the first picks the tuned plan (the autotuner's rule, `gemm_plan.pick`), the second
@@ -68,9 +69,16 @@ HOLDOUT4 = ((20, 896, 896), (36, 1792, 1792), (52, 2304, 1152), (70, 1152, 2304)
             (95, 12544, 1024), (115, 896, 12544), (135, 4992, 4992), (165, 10880, 2176), (200, 2176, 10880),
             (4, 3712, 3712), (12, 1152, 9216), (600, 1280, 1280), (2000, 2560, 640), (7000, 6144, 2304),
             (28, 33, 4096), (44, 100000, 1024), (66, 257, 272), (130, 3000, 3008))
+# A fifth, timed once after the last model and rows of the session: its figures are the clean ones.
+HOLDOUT5 = ((1, 4608, 3072), (2, 2048, 6144), (5, 14848, 2048), (8, 1920, 1920), (13, 7040, 3520), (16, 896, 14336),
+            (18, 2432, 4864), (25, 11264, 1536), (34, 640, 6400), (47, 5504, 2752), (63, 1600, 1600), (77, 9472, 4736),
+            (99, 2880, 2880), (121, 1216, 9728), (144, 20992, 1024), (180, 3968, 3968), (222, 704, 1408),
+            (250, 6784, 6784), (333, 2240, 2240), (512, 12032, 3008), (768, 1472, 5888), (1000, 4224, 4224),
+            (1536, 832, 832), (2048, 18944, 2560), (3072, 2624, 10496), (5120, 5888, 1472), (8192, 1344, 5376),
+            (12288, 3584, 3584), (16000, 960, 1920), (24, 513, 8192))
 GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT, "holdout2": HOLDOUT2,
          "holdout3": HOLDOUT3, "train_small": tuple((m, n, k) for n, k in TRAIN_SMALL_NK for m in TRAIN_SMALL_M),
-         "holdout4": HOLDOUT4,
+         "holdout4": HOLDOUT4, "holdout5": HOLDOUT5,
          "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
 # A table may not make any holdout shape this much slower than the current chain (issue 21).
 MAX_HOLDOUT_LOSS = 0.02
@@ -269,6 +277,22 @@ def validate(rows_text: str, holdout: dict, *, source: str = "<rows>") -> tuple[
     return ok, report
 
 
+def prune(rows_text: str, holdouts: list[dict]) -> str:
+    """The rows of `rows_text` that `validate` accepts one at a time on every holdout sweep, with a comment saying
+    so (the header and comment lines kept)."""
+    kept, dropped = [], []
+    for line in rows_text.splitlines():
+        body = line.split("#", 1)[0].strip()
+        if not body or body.startswith(gp.ROWS_HEADER):
+            kept.append(line)
+            continue
+        alone = f"{gp.ROWS_HEADER} {gp.ROWS_VERSION}\n{line}\n"
+        (kept if all(validate(alone, h)[0] for h in holdouts) else dropped).append(line)
+    note = (f"# pruned by gemm_tune prune against {len(holdouts)} holdout sweep(s): {len(dropped)} row(s) dropped, "
+            "each kept row accepted alone by every holdout")
+    return "\n".join(kept[:1] + [note] + kept[1:] + [f"# dropped: {line}" for line in dropped]) + "\n"
+
+
 def regret_report(data: dict) -> list[str]:
     """Per pair: the chain's and the tuned plan's regret against the best plan of the second measurement, whether
     the two measurements picked the same plan (the tie policy applied to both), and the tuning time."""
@@ -322,6 +346,10 @@ def main(argv=None) -> int:
     v = sub.add_parser("validate", help="check rows against a holdout sweep")
     v.add_argument("rows", type=Path)
     v.add_argument("holdout", type=Path)
+    p = sub.add_parser("prune", help="keep the rows each holdout accepts alone")
+    p.add_argument("rows", type=Path)
+    p.add_argument("holdouts", type=Path, nargs="+")
+    p.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("report", help="regret of the chain and of tuning in a sweep")
     r.add_argument("sweep", type=Path)
     i = sub.add_parser("install", help="make rows the builtin rows of their device class")
@@ -342,6 +370,9 @@ def main(argv=None) -> int:
         ok, report = validate(args.rows.read_text(), load_sweep(args.holdout), source=str(args.rows))
         print("\n".join(report))
         return 0 if ok else 1
+    elif args.command == "prune":
+        args.out.write_text(prune(args.rows.read_text(), [load_sweep(h) for h in args.holdouts]))
+        print(args.out.read_text(), end="")
     elif args.command == "report":
         print("\n".join(regret_report(load_sweep(args.sweep))))
     else:

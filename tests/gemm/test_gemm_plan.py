@@ -195,7 +195,9 @@ def test_sm90_plan_table(case):
     if tails and min(tails.values()) * (1 + ops.TAIL_MARGIN) < costs[best]:
         best = min(tails, key=tails.get)
     assert best == SM90_PLAN_TABLE[case]
-    assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == SM90_PLAN_TABLE[case]
+    assert ops._sm90_plan(m, n, k, pair, 132) == SM90_PLAN_TABLE[case]
+    if m > ops.SM90_MID_MAX_M:  # below it the small bands' model decides (test_sm90_small_plan)
+        assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == SM90_PLAN_TABLE[case]
 
 
 def test_tail_split_geometry():
@@ -271,18 +273,20 @@ SM90_STREAM_TABLE = {
 }
 
 
-# (M, N, K, pair) -> the small band's plan (SM90_SMALL_MODEL, 16 < M <= 64) where it is the best plan the session-22
-# H200 training sweep timed for that cell (docs/benchmarks.md).
+# (M, N, K, pair) -> the small bands' plan (SM90_SMALL_MODEL / SM90_MID_MODEL, 16 < M <= 256) where it is the best plan
+# the twenty-second session's H200 training sweeps timed for that cell (docs/results/2026-12-04_h200_gemm_sweep_
+# train*.json).
 SM90_SMALL_TABLE = {
-    (64, 14336, 4096, "w16a16"): (5, 2),
-    (32, 4096, 14336, "w16a16"): (5, 8),
-    (64, 2112, 7168, "w16a16"): (4, 4),
-    (32, 24576, 1536, "w16a16"): (5, 1),
-    (64, 4096, 4096, "w8a8"): (4, 4),
-    (64, 7168, 2048, "w8a8"): (4, 2),
-    (32, 6144, 4096, "fp8"): (6, 2),
-    (32, 14336, 4096, "fp8"): (4, 1),
-    (64, 24576, 1536, "fp8"): (4, 1),
+    (17, 2048, 2048, "w8a8"): (6, 2),
+    (32, 1280, 5120, "fp8"): (6, 4),
+    (32, 4096, 1024, "fp8"): (6, 1),
+    (48, 2560, 2560, "w8a8"): (6, 2),
+    (64, 7168, 16384, "w8a8"): (5, 4),
+    (96, 768, 768, "w16a16"): (6, 1),
+    (128, 4096, 7168, "w16a16"): (4, 4),
+    (160, 2048, 2048, "w8a8"): (6, 1),
+    (192, 2560, 2560, "fp8"): (4, 2),
+    (256, 4096, 14336, "w8a8"): (4, 2),
 }
 
 
@@ -293,21 +297,20 @@ def test_sm90_small_plan(case):
     assert ops.builtin_plan(m, n, k, pair, 132)[0] < 4  # never off an H100 / H200
 
 
-# (M, N, K) -> Hopper w8a16's plan on 132 SMs: the SM90_W8A16_MODEL's least cost, the best plan the H200 sweep timed
-# for that cell (docs/results/2026-12-04_h200_w8a16_narrow_probe.txt).
+# (M, N, K) -> Hopper w8a16's plan on 132 SMs: the SM90_W8A16_MODEL's least cost where it is the best plan the
+# twenty-second session's H200 training sweeps timed for that cell (docs/results/2026-12-04_h200_gemm_sweep_train*.json).
 SM90_W8A16_TABLE = {
-    (17, 4096, 4096): (9, 4),     # 64 tokens a CTA from M = 17: 32 tiles, split to fill the SMs
-    (24, 24576, 1536): (9, 1),    # 192 tiles already
-    (32, 4096, 4096): (9, 4),
-    (48, 2112, 7168): (9, 4),
-    (64, 14336, 4096): (9, 1),    # 112 tiles
-    (96, 7168, 2048): (9, 1),     # two tiles of 64 tokens
-    (128, 7168, 16384): (7, 2),
-    (256, 14336, 4096): (8, 1),   # 112 tiles of 256 tokens: one wave
-    (256, 2112, 7168): (8, 4),
-    (256, 24576, 1536): (8, 1),   # 192 tiles of 256 tokens; a split would leave 768 of K a slice
-    (1024, 4096, 4096): (8, 1),
-    (4096, 7168, 16384): (8, 1),
+    (17, 3072, 1024): (9, 4),     # 64 tokens a CTA; a split of 4 on 8 K tiles (two a slice)
+    (32, 4096, 7168): (9, 4),
+    (32, 7168, 2048): (9, 2),
+    (64, 1280, 5120): (9, 8),
+    (128, 1024, 1024): (9, 4),
+    (128, 3072, 1024): (9, 2),
+    (192, 1024, 4096): (9, 4),
+    (256, 2048, 2048): (9, 2),
+    (256, 4096, 4096): (8, 4),
+    (4096, 4096, 14336): (8, 1),
+    (4096, 6144, 4096): (8, 1),
 }
 
 

@@ -89,3 +89,14 @@ def test_install_and_cli(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         tune.main(["sweep", "--pairs", "w4a4", "--out", str(tmp_path / "x.json")])
     assert "unknown pair" in capsys.readouterr().err
+
+
+def test_prune_keeps_the_rows_every_holdout_accepts():
+    holdout = sweep([record("w16a16", 200, 1000, 5000, {(3, 2): 80.0}),
+                     record("w16a16", 7, 1000, 5000, {(3, 2): 150.0, (0, 1): 120.0})])
+    text = f"{gp.ROWS_HEADER} 1\n# fitted\nsm90 w16a16 nt 129-256 * * 3 2\nsm90 w16a16 nt 1-8 * * 3 2\n"
+    pruned = tune.prune(text, [holdout, holdout])
+    rows = gp.parse_rows(pruned, "pruned")
+    assert [r.text() for r in rows] == ["sm90 w16a16 nt 129-256 * * 3 2"]
+    assert "1 row(s) dropped" in pruned and "# dropped: sm90 w16a16 nt 1-8 * * 3 2" in pruned
+    assert tune.validate(pruned, holdout)[0]

@@ -157,28 +157,35 @@ SM90_SPLITS = (1, 2, 4, 8)
 # a programmatic dependent; timed alone the split a second CTA allows was faster (plan-chain sweeps, twenty-second
 # session), in the gated suite's chains of calls 13-17% slower at M = 1 (docs/benchmarks.md).
 SM90_STREAM_CTAS_PER_SM = 1
-# The small band SM90_SMALL_M < M <= SM90_MIN_M (every pair but w8a16, layout "nt"): the (recipe, split) of least
-# estimated time among recipes 4, 5 and 6, q * (stage_r * ceil(k_tiles / s) + unit_r) + split_cost * M * N * s / 1e6,
-# q = ceil(units * s / (num_sms * ctas_r)): units are recipe 4 / 5's tiles of 128 rows or recipe 6's blocks of 64
-# weight rows x 16 tokens, ctas_r one a SM for 4 and 5 and SM90_STREAM_FIT_CTAS for 6 (72 KB each). Splits 1-16 for 4
-# and 5 (>= MIN_K_PER_SPLIT of K each), 1-8 for 6 (>= SM90_STREAM_MIN_K_TILES K tiles each).
-# SM90_SMALL_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, stage_6, unit_6, split_cost): least-squares fit
-# (relative error, clipped at 0) to the session-22 training sweep (gemm_tune sweep --grid train: M 32 and 64, the
-# nine (N, K)); holdout regret in docs/benchmarks.md.
+# The small bands SM90_SMALL_M < M <= SM90_MID_MAX_M (every pair but w8a16, layout "nt"): the (recipe, split) of
+# least estimated time among recipes 4, 5 and 6, q * (stage_r * ceil(k_tiles / s) + unit_r) + fixed_r + split_cost *
+# M * N * s / 1e6, q = ceil(units * s / (num_sms * ctas_r)): units are recipe 4 / 5's tiles of 128 rows or recipe 6's
+# blocks of 64 weight rows x 16 tokens, ctas_r one a SM for 4 and 5 and SM90_STREAM_FIT_CTAS for 6 (72 KB each).
+# fixed_r is a call's cost beyond its units (recipes 4 / 5 took >= 14 us on the smallest shapes timed, recipe 6
+# ~8 us). Splits 1-16 for 4 and 5 (>= MIN_K_PER_SPLIT of K each), 1-8 for 6 (>= SM90_STREAM_MIN_K_TILES K tiles).
+# Constants (stage_4, unit_4, fixed_4, stage_5, unit_5, fixed_5, stage_6, unit_6, fixed_6, split_cost), one set for
+# M <= SM90_MIN_M (SM90_SMALL_MODEL) and one above (SM90_MID_MODEL): least-squares fits (relative error, clipped at
+# 0) to the twenty-second session's training sweeps (`gemm_tune sweep --grid train` and `--grid train_small`: the
+# nine (N, K) and nine small ones, operands out of L2); holdout regret in docs/benchmarks.md.
 SM90_SMALL_M = SMALL_M
+SM90_MID_MAX_M = 256
 SM90_STREAM_FIT_CTAS = 3
 SM90_SMALL_SPLITS = (1, 2, 4, 8, 16)
-SM90_SMALL_MODEL = {"w16a16": (0.458, 4.585, 0.743, 6.329, 0.256, 7.983, 1.47),
-                    "w8a8": (0.511, 4.912, 0.83, 6.784, 0.261, 6.804, 0.622),
-                    "fp8": (0.515, 4.6, None, None, 0.313, 6.873, 1.009)}
+SM90_SMALL_MODEL = {"w16a16": (0.347, 5.127, 4.85, 0.575, 3.043, 9.364, 0.233, 7.506, 0.0, 5.813),
+                    "w8a8": (0.376, 3.14, 8.503, 0.658, 4.214, 8.019, 0.239, 9.159, 0.0, 2.014),
+                    "fp8": (0.381, 1.842, 10.204, None, None, None, 0.288, 9.181, 0.0, 3.16)}
+SM90_MID_MODEL = {"w16a16": (0.319, 3.796, 7.178, 0.582, 10.437, 3.356, 0.243, 6.082, 0.348, 1.175),
+                  "w8a8": (0.334, 5.375, 7.386, 0.657, 10.883, 3.792, 0.26, 5.476, 1.145, 0.0),
+                  "fp8": (0.341, 4.39, 8.441, None, None, None, 0.315, 4.904, 2.33, 0.369)}
 # Hopper w8a16 (recipes 7, 8 and 9, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
-# estimated time over SM90_SPLITS, the same form as SM90_MODEL on their one-tile-a-CTA grid (q = ceil(tiles * s /
-# num_sms) waves, k_tiles of 128 values): SM90_W8A16_MODEL = (stage_7, unit_7, stage_8, unit_8, stage_9, unit_9,
-# split_cost), a least-squares fit (relative error, non-negative) to an H200 sweep of recipes 7 and 9 (splits 1, 2, 4,
-# 8) and 8 (1, 2, 4) over M 17-4096 and the nine (N, K) of tests/bench/probe_gemm_plans.py
-# (docs/results/2026-12-04_h200_w8a16_narrow_probe.txt): geomean regret against the best timed plan 0.2%, worst 8%.
-# Recipe 9 (64 tokens) is its pick up to M = 96; ahead of the portable plan at every timed cell.
-SM90_W8A16_MODEL = (0.908, 5.846, 1.238, 8.958, 0.687, 3.996, 2.113)
+# estimated time, q * (stage_r * ceil(k_tiles / s) + unit_r) + fixed_r + split_cost * M * N * s / 1e6 on their
+# one-tile-a-CTA grid (q = ceil(tiles * s / num_sms) waves, k_tiles of 128 values), splits 1, 2, 4, 8 each keeping >=
+# SM90_W8A16_MIN_K_TILES K tiles (short K splits too: at K = 1024 - 2048 a split of 4 was the fastest timed).
+# SM90_W8A16_MODEL = (stage_7, unit_7, fixed_7, stage_8, unit_8, fixed_8, stage_9, unit_9, fixed_9, split_cost): a
+# least-squares fit (relative error, non-negative) to the twenty-second session's training sweeps (`gemm_tune sweep
+# --grid train` and `--grid train_small`, M 17-8192, operands out of L2; docs/benchmarks.md).
+SM90_W8A16_MODEL = (0.916, 2.597, 6.22, 1.298, 4.335, 4.79, 0.688, 1.626, 6.096, 1.795)
+SM90_W8A16_MIN_K_TILES = 2
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
 # w8a16 takes recipe 6 in layout "nt" at M <= SM90_STREAM_W8A16_MAX_M where N >= SM90_STREAM_W8A16_MIN_N (>= 112
 # blocks of 64 weight rows), split 2 from K >= SM90_STREAM_W8A16_SPLIT2_K, else 1: where the H200 timed it ahead of
@@ -380,7 +387,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     if sm90 and layout == "nt" and pair != "w8a16":
         if batch_invariant:  # the Hopper recipes sum K in their own order: the same recipe at every M
             return 4, _split_k(_tiles(1, n, 4), k, num_sms)
-        if m > SM90_MIN_M:
+        if m > SM90_MID_MAX_M:
             return _sm90_plan(m, n, k, pair, num_sms)
         if m > SM90_SMALL_M:
             return _sm90_small_plan(m, n, k, pair, num_sms)
@@ -455,12 +462,12 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
-    """SM90_SMALL_M < M <= SM90_MIN_M: recipes 4, 5 and 6 by SM90_SMALL_MODEL[pair] (fp8: no recipe 5); ties keep
-    the first recipe and the smaller split."""
-    stage_4, unit_4, stage_5, unit_5, stage_6, unit_6, split_cost = SM90_SMALL_MODEL[pair]
+    """SM90_SMALL_M < M <= SM90_MID_MAX_M: recipes 4, 5 and 6 by SM90_SMALL_MODEL (M <= SM90_MIN_M) or SM90_MID_MODEL
+    (fp8: no recipe 5); ties keep the first recipe and the smaller split."""
+    *costs, split_cost = (SM90_SMALL_MODEL if m <= SM90_MIN_M else SM90_MID_MODEL)[pair]
     k_tiles = _k_tiles(k, pair)
     best, best_cost = (4, 1), math.inf
-    for recipe, stage, unit in ((4, stage_4, unit_4), (5, stage_5, unit_5), (6, stage_6, unit_6)):
+    for recipe, (stage, unit, fixed) in zip((4, 5, 6), (costs[0:3], costs[3:6], costs[6:9])):
         if stage is None:
             continue
         if recipe == SM90_STREAM_RECIPE:
@@ -472,7 +479,7 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
             splits = [s for s in SM90_SMALL_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
         for split in splits:
             q = math.ceil(units * split / (num_sms * ctas))
-            cost = q * (stage * math.ceil(k_tiles / split) + unit)
+            cost = q * (stage * math.ceil(k_tiles / split) + unit) + fixed
             if split > 1:
                 cost += split_cost * m * n * split / 1e6
             if cost < best_cost:
@@ -482,10 +489,22 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
-    """Hopper w8a16's (recipe, split): recipes 7, 8 and 9 by SM90_W8A16_MODEL."""
-    stage_7, unit_7, stage_8, unit_8, stage_9, unit_9, split_cost = SM90_W8A16_MODEL
-    return _least_cost_plan(m, n, k, "w8a16", num_sms,
-                            ((7, stage_7, unit_7), (8, stage_8, unit_8), (9, stage_9, unit_9)), split_cost)
+    """Hopper w8a16's (recipe, split): recipes 7, 8 and 9 by SM90_W8A16_MODEL; ties keep the first recipe and the
+    smaller split."""
+    *costs, split_cost = SM90_W8A16_MODEL
+    k_tiles = _k_tiles(k, "w8a16")
+    best, best_cost = (7, 1), math.inf
+    for recipe, (stage, unit, fixed) in zip((7, 8, 9), (costs[0:3], costs[3:6], costs[6:9])):
+        for split in SM90_SPLITS:
+            if split > 1 and k_tiles < split * SM90_W8A16_MIN_K_TILES:
+                continue
+            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
+            cost = q * (stage * math.ceil(k_tiles / split) + unit) + fixed
+            if split > 1:
+                cost += split_cost * m * n * split / 1e6
+            if cost < best_cost:
+                best, best_cost = (recipe, split), cost
+    return best
 
 
 @functools.lru_cache(maxsize=4096)
