@@ -460,23 +460,12 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
     return best
 
 
-@functools.lru_cache(maxsize=4096)
-def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
-    """SM90_SMALL_M < M <= SM90_MID_MAX_M: recipes 4, 5 and 6 by SM90_SMALL_MODEL (M <= SM90_MIN_M) or SM90_MID_MODEL
-    (fp8: no recipe 5); ties keep the first recipe and the smaller split."""
-    *costs, split_cost = (SM90_SMALL_MODEL if m <= SM90_MIN_M else SM90_MID_MODEL)[pair]
-    k_tiles = _k_tiles(k, pair)
-    best, best_cost = (4, 1), math.inf
-    for recipe, (stage, unit, fixed) in zip((4, 5, 6), (costs[0:3], costs[3:6], costs[6:9])):
-        if stage is None:
-            continue
-        if recipe == SM90_STREAM_RECIPE:
-            units, ctas = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(m / 16), SM90_STREAM_FIT_CTAS
-            splits = [s for s in SM90_SMALL_SPLITS if s <= SM90_STREAM_MAX_SPLIT and
-                      (s == 1 or k_tiles >= s * SM90_STREAM_MIN_K_TILES)]
-        else:
-            units, ctas = _tiles(m, n, recipe), 1
-            splits = [s for s in SM90_SMALL_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
+def _cheapest_plan(m: int, n: int, k_tiles: int, num_sms: int, options, split_cost: float) -> tuple[int, int]:
+    """The (recipe, split) of least q * (stage * ceil(k_tiles / s) + unit) + fixed (+ split_cost * M * N * s / 1e6 for
+    s > 1), q = ceil(units * s / (num_sms * ctas)), over `options` (recipe, stage, unit, fixed, units, ctas a SM,
+    splits); ties keep the first recipe and the smaller split."""
+    best, best_cost = None, math.inf
+    for recipe, stage, unit, fixed, units, ctas, splits in options:
         for split in splits:
             q = math.ceil(units * split / (num_sms * ctas))
             cost = q * (stage * math.ceil(k_tiles / split) + unit) + fixed
@@ -488,23 +477,35 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
 
 
 @functools.lru_cache(maxsize=4096)
+def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
+    """SM90_SMALL_M < M <= SM90_MID_MAX_M: recipes 4, 5 and 6 by SM90_SMALL_MODEL (M <= SM90_MIN_M) or SM90_MID_MODEL
+    (fp8: no recipe 5)."""
+    *costs, split_cost = (SM90_SMALL_MODEL if m <= SM90_MIN_M else SM90_MID_MODEL)[pair]
+    k_tiles = _k_tiles(k, pair)
+    options = []
+    for recipe, (stage, unit, fixed) in zip((4, 5, 6), (costs[0:3], costs[3:6], costs[6:9])):
+        if stage is None:
+            continue
+        if recipe == SM90_STREAM_RECIPE:
+            splits = [s for s in SM90_SMALL_SPLITS if s <= SM90_STREAM_MAX_SPLIT and
+                      (s == 1 or k_tiles >= s * SM90_STREAM_MIN_K_TILES)]
+            units, ctas = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(m / 16), SM90_STREAM_FIT_CTAS
+        else:
+            splits = [s for s in SM90_SMALL_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
+            units, ctas = _tiles(m, n, recipe), 1
+        options.append((recipe, stage, unit, fixed, units, ctas, splits))
+    return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
+
+
+@functools.lru_cache(maxsize=4096)
 def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
-    """Hopper w8a16's (recipe, split): recipes 7, 8 and 9 by SM90_W8A16_MODEL; ties keep the first recipe and the
-    smaller split."""
+    """Hopper w8a16's (recipe, split): recipes 7, 8 and 9 by SM90_W8A16_MODEL."""
     *costs, split_cost = SM90_W8A16_MODEL
     k_tiles = _k_tiles(k, "w8a16")
-    best, best_cost = (7, 1), math.inf
-    for recipe, (stage, unit, fixed) in zip((7, 8, 9), (costs[0:3], costs[3:6], costs[6:9])):
-        for split in SM90_SPLITS:
-            if split > 1 and k_tiles < split * SM90_W8A16_MIN_K_TILES:
-                continue
-            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
-            cost = q * (stage * math.ceil(k_tiles / split) + unit) + fixed
-            if split > 1:
-                cost += split_cost * m * n * split / 1e6
-            if cost < best_cost:
-                best, best_cost = (recipe, split), cost
-    return best
+    splits = [s for s in SM90_SPLITS if s == 1 or k_tiles >= s * SM90_W8A16_MIN_K_TILES]
+    options = [(recipe, stage, unit, fixed, _tiles(m, n, recipe), 1, splits)
+               for recipe, (stage, unit, fixed) in zip((7, 8, 9), (costs[0:3], costs[3:6], costs[6:9]))]
+    return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -233,6 +233,9 @@ def facts(device=None) -> Facts:
     return found
 
 
+_facts_of = facts  # for probe(), whose `facts` argument shadows the function
+
+
 # ---- rows ----------------------------------------------------------------------------------------------
 
 class Range(NamedTuple):
@@ -702,7 +705,7 @@ def probe(m: int, n: int, k: int, *, dtypes=(torch.bfloat16, torch.bfloat16), la
     for name, value in (("m", m), ("n", n), ("k", k)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"probe: {name} must be an int >= 0, got {value!r}")
-    device_facts = facts if facts is not None else globals()["facts"](device)
+    device_facts = facts if facts is not None else _facts_of(device)
     return decide(Call(pair, layout, batch, m, n, k, bool(batch_invariant)), device_facts)
 
 
