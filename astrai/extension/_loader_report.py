@@ -163,8 +163,24 @@ def format_info(desc: dict[str, Any]) -> str:
     for family, why in desc["failed_families"].items():
         lines.append(f"  failed     {family}: {why}")
     lines.append("  fallbacks  " + _fallback_line(desc["fallbacks"]))
+    if "policy" in desc:
+        lines.append("  gemm plan  " + _gemm_plan_line(desc["policy"]["gemm_plan"]))
     lines.append("  overrides  " + (", ".join(f"{k}={v}" for k, v in desc["overrides"].items()) or "none"))
     return "\n".join(lines)
+
+
+def _gemm_plan_line(state: dict[str, Any]) -> str:
+    if "error" in state:
+        return f"settings unreadable: {state['error']}"
+    staging = ", ".join(f"{k} {'on' if v else 'off'}" for k, v in state["staging"].items())
+    override = state["override"]
+    rows = (f"override {override['rows']}" + (f" ({override['source']})" if override["source"] else "")
+            + f", injected {state['injected']['rows']}")
+    tune = state["autotune"]
+    tuning = (f"autotune on ({', '.join(tune['cache_roots'])}; {tune['tuned_this_process']} tuned)"
+              if tune["enabled"] else "autotune off")
+    seeds = ", ".join(state["env_seeds"]) or "none"
+    return f"planner {state['planner']}; staging {staging}; rows {rows}; {tuning}; environment seeds {seeds}"
 
 
 def _fallback_line(fallbacks: dict[str, Any]) -> str:

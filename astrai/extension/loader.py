@@ -237,7 +237,18 @@ def describe() -> dict[str, Any]:
     with _lock:
         loaded = {family: str(path) for family, path in _state.loaded.items()}
         failed = dict(_state.failed)
-    return _loader_report.describe(sel, loaded, failed, _fallbacks.snapshot())
+    desc = _loader_report.describe(sel, loaded, failed, _fallbacks.snapshot())
+    desc["policy"] = {"gemm_plan": _gemm_plan_state()}
+    return desc
+
+
+def _gemm_plan_state() -> dict[str, Any]:
+    """The GEMM plan chain's settings (`gemm_plan.state()`), or why they could not be read (a bad seed file)."""
+    from astrai.extension.ops import gemm_plan  # imports the loader: here, at call time
+    try:
+        return gemm_plan.state()
+    except (ValueError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 def info() -> str:

@@ -464,10 +464,10 @@ def _env_int(name: str, value: str) -> int:
 
 
 def _seed_from_env() -> None:
-    """The deprecated environment variables, once per process, before any explicit call takes effect."""
+    """The deprecated environment variables, once per process, before any explicit call takes effect (applying them
+    again after an error is harmless: each sets a value)."""
     if _state.seeded:
         return
-    _state.seeded = True
     env = os.environ
     used = [name for name in ENV_SEEDS if env.get(name, "") != ""]
     for name in used:
@@ -492,6 +492,7 @@ def _seed_from_env() -> None:
         _enable(env.get("ASTR_GEMM_TUNE_DIR") or None,
                 _env_int("ASTR_GEMM_TUNE_MAX_SHAPES", env.get("ASTR_GEMM_TUNE_MAX_SHAPES") or str(DEFAULT_MAX_SHAPES)),
                 _env_int("ASTR_GEMM_TUNE_TRIGGER", env.get("ASTR_GEMM_TUNE_TRIGGER") or str(DEFAULT_TRIGGER)))
+    _state.seeded = True  # only once it all applied: a bad seed raises at every use of the chain until it is fixed
 
 
 def _set_planner(name: str, fn: str) -> None:
