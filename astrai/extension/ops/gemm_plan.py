@@ -1105,7 +1105,8 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
     def run(plan: tuple[int, int]) -> None:
         torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, layout, plan[0], plan[1], scratch)
 
-    winner, timings = tune(call, device, run)
+    with torch.cuda.device(a.device):  # the op runs on a's device: time there (events, sleep, L2 flush)
+        winner, timings = tune(call, device, run)
     if _state.log:
         print(f"[gemm-plan] autotune {_key_text(call)}: recipe {winner[0]} split {winner[1]} of {len(timings)} "
               f"timed ({min(timings.values()):.1f} us)" if timings else
