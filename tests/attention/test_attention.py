@@ -528,6 +528,29 @@ def test_astr_backend_env_is_a_deprecated_seed(monkeypatch):
             attention(rand(1, 1, 2, 8), rand(1, 3, 2, 8), rand(1, 3, 2, 8))
 
 
+def test_astr_ops_env_is_a_deprecated_seed(monkeypatch):
+    monkeypatch.delenv("ASTR_BACKEND", raising=False)
+    monkeypatch.setenv("ASTR_OPS", "attention=cuda")
+    backend._env_seed_read = False
+    backend._process_choice = None
+    try:
+        with pytest.warns(DeprecationWarning, match="ASTR_OPS is deprecated"):
+            with pytest.raises(ValueError, match="selected backend 'cuda'"):
+                attention(rand(1, 1, 2, 8), rand(1, 3, 2, 8), rand(1, 3, 2, 8))
+        for bad, why in (("quant_gemm=torch", "ASTR_OPS: unknown op 'quant_gemm'"),
+                         ("attention", "ASTR_OPS: each entry must be op=impl"),
+                         ("attention=fastest", "ASTR_OPS: unknown attention backend 'fastest'")):
+            monkeypatch.setenv("ASTR_OPS", bad)
+            backend._env_seed_read = False
+            backend._process_choice = None
+            with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=why):
+                attention(rand(1, 1, 2, 8), rand(1, 3, 2, 8), rand(1, 3, 2, 8))
+    finally:
+        backend._env_seed_read = False
+        backend._process_choice = None
+        monkeypatch.delenv("ASTR_OPS")
+
+
 def test_custom_backend_instance():
     class Zeros(backend.AttentionBackend):
         name = "zeros"

@@ -15,8 +15,8 @@ Backends, in default priority order:
   aligned to the end, autograd.
 
 Selection, per call: a backend chosen with `attn_backend(...)` (a context manager), then one set with
-`set_op("attention", ...)`, then the deprecated `ASTR_BACKEND` environment variable (read once, with a
-DeprecationWarning) are *strict*: a call that backend cannot serve raises ValueError naming the reason.
+`set_op("attention", ...)`, then the deprecated `ASTR_OPS` (`attention=<impl>`) or `ASTR_BACKEND` environment
+variables (read once, with a DeprecationWarning) are *strict*: a call that backend cannot serve raises ValueError naming the reason.
 Otherwise ("auto") the first of cuda > flash > torch that can serve the call runs; a training call (grad
 enabled, an input requires grad, no cache) only considers flash and torch. A call that does not reach the
 CUDA kernels that way is a fallback: logged once per distinct reason on the "astrai.extension" logger
@@ -376,17 +376,42 @@ def _as_backend(impl, where: str) -> AttentionBackend | None:
                      f"{[m.value for m in ATTN_BACKEND]} or an AttentionBackend instance")
 
 
+def _ops_seed(value: str) -> dict[str, str]:
+    """ASTR_OPS's `op=impl[,op=impl...]` entries; ValueError naming the variable for a malformed one or an op that
+    has no selectable implementations."""
+    seeds = {}
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        op, sep, impl = entry.partition("=")
+        if not sep or not op.strip() or not impl.strip():
+            raise ValueError(f"ASTR_OPS: each entry must be op=impl (e.g. attention=torch), got {entry!r}")
+        if op.strip() != "attention":
+            raise ValueError(f"ASTR_OPS: unknown op {op.strip()!r}; ops with selectable implementations: "
+                             "['attention']")
+        seeds[op.strip()] = impl.strip().lower()
+    return seeds
+
+
 def _read_env_seed() -> None:
-    """ASTR_BACKEND, read once: a deprecated seed for set_op("attention", ...)."""
+    """ASTR_BACKEND and ASTR_OPS ("attention=<impl>"), read once: deprecated seeds for set_op("attention", ...);
+    ASTR_OPS wins where both are set."""
     global _env_seed_read, _process_choice
     if _env_seed_read:
         return
     _env_seed_read = True
     value = os.environ.get("ASTR_BACKEND")
+    ops_value = os.environ.get("ASTR_OPS")
     if value and _process_choice is None:
         warnings.warn("ASTR_BACKEND is deprecated: call astrai.extension.set_op('attention', "
                       f"{value!r}) or use the attn_backend(...) context manager", DeprecationWarning, stacklevel=3)
         _process_choice = _as_backend(value.strip().lower(), "ASTR_BACKEND")
+    if ops_value:
+        warnings.warn(f"ASTR_OPS is deprecated: call astrai.extension.set_op(op, impl) for each of {ops_value!r}",
+                      DeprecationWarning, stacklevel=3)
+        seeds = _ops_seed(ops_value)
+        if "attention" in seeds:
+            _process_choice = _as_backend(seeds["attention"], "ASTR_OPS")
 
 
 def set_op(op: str, impl) -> None:
