@@ -357,7 +357,7 @@ def _read_rows_file(path: str | os.PathLike) -> list[Row]:
 
 def _builtin_rows(arch: str) -> list[Row]:
     path = BUILTIN_DIR / f"{arch}.rows"
-    return _read_rows_file(path) if path.is_file() else []
+    return parse_rows(path.read_text(), f"{BUILTIN_DIR.name}/{path.name}") if path.is_file() else []
 
 
 # ---- can a plan run here -------------------------------------------------------------------------------
