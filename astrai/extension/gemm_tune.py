@@ -7,6 +7,7 @@ validate them on a holdout, install them as the builtin rows of the device class
     python -m astrai.extension.gemm_tune validate sm90.rows holdout.json
     python -m astrai.extension.gemm_tune prune sm90.rows holdout.json holdout2.json --out sm90.pruned.rows
     python -m astrai.extension.gemm_tune install sm90.pruned.rows
+    python -m astrai.extension.gemm_tune evaluate holdout.json   # the chain as installed, offline
 
 A sweep times each shape twice, independently (two full interleaved measurements of every candidate,
 `gemm_plan.time_candidates`): the first picks the tuned plan (the autotuner's rule, `gemm_plan.pick`), the second
@@ -316,6 +317,37 @@ def regret_report(data: dict) -> list[str]:
     return lines
 
 
+# A plan a sweep did not time (screened out as slower than gemm_plan.SCREEN_FACTOR x the fastest) counts as this.
+UNTIMED = 3.0
+M_REPORT_BANDS = (("M <= 16", 0, 16), ("M 17-256", 17, 256), ("M > 256", 257, None))
+
+
+def evaluate(data: dict) -> list[str]:
+    """The chain as it is now (rows and model of this install) against a recorded sweep, offline: per pair and M
+    band, the geomean and worst of (its plan's time / the best time) in the second measurement, a plan the sweep
+    did not time counted as UNTIMED x (and counted)."""
+    device = facts_from(data["facts"])
+    groups: dict = {}
+    untimed = 0
+    for r in data["records"]:
+        t = _times(r)
+        best = min(t.values())
+        plan = _chain_plan(r, device)
+        if plan not in t:
+            untimed += 1
+        ratio = t.get(plan, UNTIMED * best) / best
+        band = next(name for name, lo, hi in M_REPORT_BANDS if r["m"] >= lo and (hi is None or r["m"] <= hi))
+        for key in ("all", r["pair"], band):
+            groups.setdefault(key, []).append(ratio)
+    lines = []
+    for key, xs in groups.items():
+        geo = math.exp(sum(math.log(x) for x in xs) / len(xs)) - 1
+        lines.append(f"{key}: {len(xs)} shapes, chain regret {geo:.2%} (worst {max(xs):.2f}x, "
+                     f"{sum(x > 1.1 for x in xs)} over 10%)")
+    lines.append(f"plans the sweep did not time (counted {UNTIMED}x): {untimed}")
+    return lines
+
+
 def install(rows_path: Path, arch: str | None = None) -> Path:
     """Copy a validated rows file to the package's builtin rows of its device class (`<arch>.rows`)."""
     text = Path(rows_path).read_text()
@@ -350,6 +382,8 @@ def main(argv=None) -> int:
     p.add_argument("rows", type=Path)
     p.add_argument("holdouts", type=Path, nargs="+")
     p.add_argument("--out", type=Path, required=True)
+    e = sub.add_parser("evaluate", help="regret of the chain as installed now against a recorded sweep")
+    e.add_argument("sweep", type=Path)
     r = sub.add_parser("report", help="regret of the chain and of tuning in a sweep")
     r.add_argument("sweep", type=Path)
     i = sub.add_parser("install", help="make rows the builtin rows of their device class")
@@ -373,6 +407,8 @@ def main(argv=None) -> int:
     elif args.command == "prune":
         args.out.write_text(prune(args.rows.read_text(), [load_sweep(h) for h in args.holdouts]))
         print(args.out.read_text(), end="")
+    elif args.command == "evaluate":
+        print("\n".join(evaluate(load_sweep(args.sweep))))
     elif args.command == "report":
         print("\n".join(regret_report(load_sweep(args.sweep))))
     else:

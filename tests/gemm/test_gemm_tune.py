@@ -100,3 +100,12 @@ def test_prune_keeps_the_rows_every_holdout_accepts():
     assert [r.text() for r in rows] == ["sm90 w16a16 nt 129-256 * * 3 2"]
     assert "1 row(s) dropped" in pruned and "# dropped: sm90 w16a16 nt 1-8 * * 3 2" in pruned
     assert tune.validate(pruned, holdout)[0]
+
+
+def test_evaluate_judges_the_chain_as_installed():
+    data = sweep([record("w16a16", 200, 1000, 5000, {(3, 2): 80.0}), record("w8a8", 4, 2048, 2048, {})])
+    data["records"][1]["second"] = {"0,1": 50.0}  # the chain's plan untimed: counted 3x
+    lines = tune.evaluate(data)
+    assert lines[0] == "all: 2 shapes, chain regret 93.65% (worst 3.00x, 2 over 10%)"
+    assert "w16a16: 1 shapes, chain regret 25.00% (worst 1.25x, 1 over 10%)" in lines
+    assert lines[-1] == "plans the sweep did not time (counted 3.0x): 1"
