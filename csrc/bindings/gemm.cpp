@@ -23,8 +23,6 @@ using torch::stable::Tensor;
 
 constexpr const char* kOp = "astrai.quant_gemm";
 constexpr const char* kOpOut = "astrai.quant_gemm_out";
-constexpr int64_t kMaxSplitK = 64;
-constexpr int64_t kMaxGridYZ = 65535;
 const char* const kLayoutNames[] = {"nt", "nn", "tn", "tt"};
 
 struct PairInfo {
@@ -175,22 +173,8 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
     bias_kind = bt == ScalarType::BFloat16 ? GemmBias::kBf16 : bt == ScalarType::Half ? GemmBias::kF16 : GemmBias::kF32;
   }
 
-  check(recipe >= 0 && recipe < kGemmRecipes, op, "recipe must be in [0, ", kGemmRecipes, "), got ", recipe);
-  const bool tail_recipe = recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1;
-  check((split_k >= 1 && split_k <= kMaxSplitK) || (split_k == 0 && tail_recipe), op, "split_k must be ",
-        tail_recipe ? "0 (the last wave split along K) or " : "", "in [1, ", kMaxSplitK, "], got ", split_k,
-        split_k == 0 ? " (0, the last wave split along K, is for recipes 4 and 5)" : "");
-  check(recipe != kGemmSm90StreamRecipe || split_k <= kGemmSm90StreamMaxSplit, op, "split_k must be in [1, ",
-        kGemmSm90StreamMaxSplit, "] for recipe ", kGemmSm90StreamRecipe,
-        " (the sm_90a weight stream runs its K slices as one cluster of CTAs), got ", split_k);
-  const int64_t tm = gemm_recipe_tile_m(int(recipe));
-  // The grid's rows tile M, or N where the layout runs as y^T = b a (gemm_swaps_operands).
-  const bool swaps = gemm_swaps_operands(info->pair, GemmLayout(layout));
-  const int64_t grid_rows = swaps ? N : M;
-  check((grid_rows + tm - 1) / tm <= kMaxGridYZ, op, swaps ? "N = " : "M = ", grid_rows, " needs more than ",
-        kMaxGridYZ, " tiles of ", tm, " rows for recipe ", recipe,
-        swaps ? " (layout tt runs as y^T = b a)" : "", ": pick recipe 0 or split the call");
-  check(B * split_k <= kMaxGridYZ, op, "batch * split_k must be <= ", kMaxGridYZ, ", got ", B, " * ", split_k);
+  const std::string unfit = gemm_plan_unfit(info->pair, GemmLayout(layout), recipe, split_k, M, N, B);
+  check(unfit.empty(), op, unfit);
 
   GemmParams& p = pr.p;
   p.a = a.data_ptr();
@@ -321,6 +305,22 @@ void quant_gemm_out_cpu(const Tensor& a, const Tensor& b, const std::optional<Te
   fail(kOpOut, "a must be a CUDA tensor, got ", binding::device_name(a));
 }
 
+// Why this image cannot run the plan (recipe, split_k) for a problem of these dtypes, layout and sizes on a device
+// described by (cc, sm90_code, fp8_code_arch); empty when it can. No tensors: the planner asks about shapes and
+// devices it does not hold (callable on the CPU too).
+std::string quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int64_t layout, int64_t recipe,
+                                     int64_t split_k, int64_t m, int64_t n, int64_t batch, int64_t cc, bool sm90_code,
+                                     int64_t fp8_code_arch) {
+  const PairInfo* info = find_pair(a_dtype, b_dtype);
+  if (info == nullptr) return "(a, b) dtypes must be one of " + pairs_str();
+  if (layout < 0 || layout > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got " + std::to_string(layout);
+  std::string why = gemm_plan_unfit(info->pair, GemmLayout(layout), recipe, split_k, m, n, batch);
+  if (!why.empty()) return why;
+  const char* unsupported = gemm_unsupported_on(info->pair, GemmLayout(layout), int(recipe),
+                                                GemmTarget{int(cc), sm90_code, int(fp8_code_arch)});
+  return unsupported ? std::string(unsupported) : std::string();
+}
+
 }  // namespace
 }  // namespace astrai
 
@@ -332,6 +332,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "quant_gemm_out(Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias, int layout, int recipe, "
       "int split_k, Tensor(a!) out) -> ()");
+  m.def(
+      "quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int layout, int recipe, int split_k, int m, "
+      "int n, int batch, int cc, bool sm90_code, int fp8_code_arch) -> str");
+}
+
+// No tensor arguments: one kernel for every backend.
+STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
+  m.impl("quant_gemm_can_implement", TORCH_BOX(&astrai::quant_gemm_can_implement));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

@@ -22,6 +22,9 @@ CONTRACT_SCHEMAS = {
     "quant_gemm_out":
         "quant_gemm_out(Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias, int layout, int recipe,"
         " int split_k, Tensor(a!) out) -> ()",
+    "quant_gemm_can_implement":
+        "quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int layout, int recipe, int split_k, int m,"
+        " int n, int batch, int cc, bool sm90_code, int fp8_code_arch) -> str",
 }
 
 # (M, N, K, num_sms) -> (recipe, split_k): the rules of ops.gemm.builtin_plan worked by hand.
@@ -470,6 +473,8 @@ def _fake_namespace():
     if _test_lib is None:
         _test_lib = torch.library.Library("astrai_gemm_fake", "DEF")
         for name, schema in CONTRACT_SCHEMAS.items():
+            if f"astrai::{name}" not in ops._FAKES:  # quant_gemm_can_implement: no tensors, no fake
+                continue
             _test_lib.define(schema)
             torch.library.register_fake(f"astrai_gemm_fake::{name}", lib=_test_lib)(
                 ops._FAKES[f"astrai::{name}"])

@@ -16,6 +16,9 @@ import torch
 from astrai.extension.ops import gemm as ops
 from astrai.extension.ops import gemm_plan as gp
 
+# The chain asks the image's op whether a plan can run (gemm_plan.image_reason): the gemm library, loaded on the CPU.
+pytestmark = pytest.mark.requires_cuda_kernels("gemm")
+
 H200 = gp.Facts("NVIDIA H200", (9, 0), 132, 227 * 1024, True, "580.65", "ab" * 32)
 A100 = gp.Facts("NVIDIA A100-SXM4-80GB", (8, 0), 108, 163 * 1024, False, "580.65", "ab" * 32)
 RTX5090 = gp.Facts("NVIDIA GeForce RTX 5090", (12, 0), 170, 99 * 1024, False, "580.65", "ab" * 32)
@@ -120,20 +123,20 @@ def test_first_matching_row_wins_and_injected_rows_stack():
     assert gp.state()["injected"] == {"rows": 2}
 
 
-@pytest.mark.parametrize("row, why", [
+@pytest.mark.parametrize("row, why", [  # the op's own reasons (gemm_unsupported_on, gemm_plan_unfit) but the first two
     ("* * * * * * sm90_megatile 1", "recipe 'sm90_megatile' does not exist in this image"),
     ("* * * * * * 12 1", "recipe 12 does not exist in this image"),
-    ("* * * * * * 4 1", "recipe 4 needs a compute capability 9.0 GPU and sm_90a code in the image"),
-    ("* * * * * * 6 9", "recipe 6 needs a compute capability 9.0 GPU and sm_90a code in the image"),
-    ("* * * * * * 0 0", "split 0 (the last wave split) is for recipes 4 and 5, not 0"),
-    ("* w16a16 * * * * 7 1", "recipe 7 (sm90 w8a16 wgmma + TMA) runs pairs w8a16, not w16a16"),
-    ("* * * * * * 4 1", "recipe 4 (sm90 wgmma + TMA) runs layouts nt, not nn"),
+    ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)"),
+    ("* * * * * * 6 1", "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)"),
+    ("* * * * * * 0 0", "split_k must be in [1, 64], got 0 (0, the last wave split along K, is for recipes 4 and 5)"),
+    ("* w16a16 * * * * 7 1", "recipes 7-9 run w8a16 only"),
+    ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only"),
 ])
 def test_a_row_that_cannot_run_falls_through_to_the_next_planner(row, why, capsys):
     gp.set_table(HEADER + row + "\n* * * * * * 1 1\n")  # the first matching row decides for its planner
     gp.set_log(True)
-    layout = "nn" if "layouts" in why else "nt"
-    device = H200 if "layouts" in why else A100
+    layout = "nn" if "layout nt only" in why else "nt"
+    device = H200 if "layout nt only" in why else A100
     decision = gp.probe(33, 4096, 4096, layout=layout, facts=device)
     assert decision.planner == "model" and decision.passed == (("override", f"<text>:2: {why}"),)
     line = capsys.readouterr().err.strip()
@@ -143,7 +146,9 @@ def test_a_row_that_cannot_run_falls_through_to_the_next_planner(row, why, capsy
 
 def test_sm90_stream_split_limit():
     gp.set_table(HEADER + "* * * * * * 6 9\n")
-    assert gp.probe(4, 4096, 4096, facts=H200).passed[0][1].endswith("recipe 6 splits K at most 8 ways (one cluster)")
+    assert gp.probe(4, 4096, 4096, facts=H200).passed[0][1].endswith(
+        "split_k must be in [1, 8] for recipe 6 (the sm_90a weight stream runs its K slices as one cluster of CTAs), "
+        "got 9")
 
 
 def test_shared_memory_ceiling_falls_through():
@@ -167,11 +172,19 @@ def test_table_planner_without_rows_is_the_degraded_ladder():
         gp.set_planner("fastest")
 
 
+def test_where_the_op_refuses_every_plan_the_ladder_goes_ahead():
+    """fp8 below sm_89: no plan can run; the chain hands the op the ladder's plan, whose launch raises the op's
+    reason (as with an explicit plan), and says so."""
+    decision = gp.probe(100, 4096, 4096, dtypes=(E4M3, E4M3), facts=A100)
+    assert decision.planner == "degraded" and decision.plan == (0, 1)
+    assert decision.passed[-1] == ("degraded", "fp8 operands need an sm_89 or newer GPU")
+
+
 def test_model_is_the_builtin_plan():
     for m in (1, 8, 16, 17, 64, 65, 1024, 4096):
         for pair, dtypes in (("w16a16", (BF16, BF16)), ("w8a16", (BF16, I8)), ("w8a8", (I8, I8)),
                              ("fp8", (E4M3, E4M3))):
-            for device in (H200, A100):
+            for device in (H200, A100) if pair != "fp8" else (H200,):
                 want = ops.builtin_plan(m, 7168, 2048, pair, device.num_sms, sm90=device.sm90_code)
                 assert gp.probe(m, 7168, 2048, dtypes=dtypes, facts=device)[:2] == (want, "model")
 
@@ -509,3 +522,56 @@ def test_info_survives_a_bad_seed_file(monkeypatch, tmp_path):
     with pytest.warns(DeprecationWarning):
         text = loader.info()
     assert f"gemm plan  settings unreadable: gemm plan rows {bad}, line 1: field 'header'" in text
+
+
+
+@pytest.mark.parametrize("args, want", [
+    ((BF16, BF16, 0, 4, 1, 256, 4096, 1, 90, True, 90), ""),
+    ((BF16, BF16, 0, 4, 1, 256, 4096, 1, 80, False, 80),
+     "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)"),
+    ((BF16, BF16, 0, 4, 1, 256, 4096, 1, 90, False, 80),
+     "this image has no sm_90a code for this GPU (recipes 4 and 5 need it): use recipes 0-3"),
+    ((E4M3, E4M3, 0, 0, 1, 256, 4096, 1, 89, False, 80),
+     "this image runs compute_80 code on this GPU, which has no fp8 mma (sm_89+ code needed)"),
+    ((E4M3, E4M3, 0, 0, 1, 256, 4096, 1, 86, False, 80), "fp8 operands need an sm_89 or newer GPU"),
+    ((E4M3, E4M3, 0, 0, 1, 256, 4096, 1, 120, False, 120), ""),
+    ((BF16, I8, 1, 7, 1, 256, 4096, 1, 90, True, 90), "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only"),
+    ((BF16, BF16, 0, 2, 1, 65535 * 16 + 1, 64, 1, 80, False, 80),
+     "M = 1048561 needs more than 65535 tiles of 16 rows for recipe 2: pick recipe 0 or split the call"),
+    ((BF16, BF16, 3, 2, 1, 64, 65535 * 16 + 1, 1, 80, False, 80),
+     "N = 1048561 needs more than 65535 tiles of 16 rows for recipe 2 (layout tt runs as y^T = b a): pick recipe 0 "
+     "or split the call"),
+    ((BF16, BF16, 0, 0, 2, 64, 64, 40000, 80, False, 80), "batch * split_k must be <= 65535, got 40000 * 2"),
+    ((BF16, BF16, 0, 10, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 10), got 10"),
+    ((BF16, BF16, 7, 0, 1, 64, 64, 1, 80, False, 80), "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got 7"),
+    ((torch.float32, BF16, 0, 0, 1, 64, 64, 1, 80, False, 80), "(a, b) dtypes must be one of "),
+])
+def test_the_ops_own_plan_rules_on_the_cpu(args, want):
+    """quant_gemm_can_implement: the op's rules, asked about devices this machine does not have (no tensors)."""
+    ops.load()
+    got = torch.ops.astrai.quant_gemm_can_implement(*args)
+    assert got.startswith(want) if want.endswith(" ") else got == want
+
+
+def test_fp8_code_arch_from_the_image_record(monkeypatch):
+    """What arch of fp8 code a device runs, read from the chosen image's record (SASS, binary-compatible SASS,
+    JIT-compiled PTX)."""
+    from astrai.extension import loader
+
+    class Library:
+        sass = ("sm_80", "sm_89", "sm_90a", "sm_120a")
+        ptx = ("compute_80",)
+
+    class Chosen:
+        libraries = {"gemm": Library}
+
+    class Selection:
+        chosen = Chosen
+
+    monkeypatch.setattr(loader, "selection", lambda: Selection)
+    for cc, want in (((9, 0), 90), ((8, 9), 89), ((8, 6), 80), ((12, 0), 120), ((12, 1), 80), ((10, 0), 80),
+                     ((7, 5), -1)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, cc=cc: cc)
+        ops.fp8_code_arch_in_image.cache_clear()
+        assert ops.fp8_code_arch_in_image(0) == want, cc
+    ops.fp8_code_arch_in_image.cache_clear()

@@ -32,6 +32,7 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
     "quant_gemm": (False, "the built-in plan's K split follows M (the wave it fills); batch_invariant=True takes "
                           "a split from (N, K) only, and every recipe sums K in one order (tests/gpu/gemm checks it)"),
     "quant_gemm_out": (False, "as quant_gemm"),
+    "quant_gemm_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
 }
 

@@ -531,6 +531,29 @@ def sm90_code_in_image(index: int) -> bool:
     return _sm90_code_cached(index)
 
 
+@functools.lru_cache(maxsize=None)
+def fp8_code_arch_in_image(index: int) -> int:
+    """The arch of the loaded image's fp8 GEMM code on CUDA device `index` (major * 10 + minor): the device's own
+    where the gemm library has SASS for it (sm_XY or sm_XYa), a same-major SASS at or below it otherwise (binary
+    compatible), else the newest PTX at or below it, JIT-compiled (-1: none; below 89 there is no fp8 mma).
+    What the op asks its own image for through cudaFuncGetAttributes, read here from the image's record."""
+    major, minor = torch.cuda.get_device_capability(index)
+    cc = major * 10 + minor
+    chosen = loader.selection().chosen
+    library = chosen.libraries.get(FAMILY) if chosen is not None else None
+    if library is None:
+        return -1
+    sass = {int(a.removeprefix("sm_").rstrip("a")): a.endswith("a") for a in library.sass}
+    if cc in sass:
+        return cc
+    same_major = [arch for arch, specific in sass.items() if arch // 10 == major and arch <= cc and not specific]
+    if same_major:
+        return max(same_major)
+    ptx = [int(a.removeprefix("compute_").rstrip("a")) for a in library.ptx]
+    below = [arch for arch in ptx if arch <= cc]
+    return max(below) if below else -1
+
+
 # Traced code (torch.compile) calls these at trace time and keeps the result: Dynamo cannot trace the loader's lock
 # (fullgraph=True failed on the H200 without this) nor an lru_cache wrapper as a cache.
 @torch.compiler.assume_constant_result

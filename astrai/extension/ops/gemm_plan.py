@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -116,28 +117,43 @@ class RecipeInfo(NamedTuple):
     splits: tuple         # split_k values the op accepts ("1-64" spelled as a range)
 
 
-_ALL_LAYOUTS = ("nt", "nn", "tn", "tt")
-_ALL_PAIRS = ("w16a16", "w8a16", "w8a8", "fp8")
-# Shared memory: csrc/kernels/gemm/sm80_gemm.cuh (Recipe kSmemKB budgets), sm90_gemm.cuh (227 KB), sm90_stream.cuh
-# (72 KB), sm90_w8a16.cuh (192-200 KB of stages + barriers). The recipe ids are the op's (ops.gemm.RECIPES).
+# What the planner knows of a recipe beyond the op's rules: its mainloop, the most dynamic shared memory any of its
+# kernels asks for (csrc/kernels/gemm/sm80_gemm.cuh's Recipe budgets, sm90_gemm.cuh 227 KB, sm90_stream.cuh 72 KB,
+# sm90_w8a16.cuh 192-200 KB of stages + barriers) and whether it stages by TMA. Recipe ids are the op's
+# (ops.gemm.RECIPES); which layouts and pairs each runs is the op's to say (`image_reason`).
 _RECIPE_FACTS = {
-    0: ("portable mma.sync", 96 * 1024, _ALL_LAYOUTS, _ALL_PAIRS, False, False),
-    1: ("portable mma.sync", 96 * 1024, _ALL_LAYOUTS, _ALL_PAIRS, False, False),
-    2: ("portable mma.sync (w8a16 nt: the weight stream)", 96 * 1024, _ALL_LAYOUTS, _ALL_PAIRS, False, False),
-    3: ("portable mma.sync", 80 * 1024, _ALL_LAYOUTS, _ALL_PAIRS, False, False),
-    4: ("sm90 wgmma + TMA", 227 * 1024, ("nt",), ("w16a16", "w8a8", "fp8"), True, True),
-    5: ("sm90 wgmma + TMA", 227 * 1024, ("nt",), ("w16a16", "w8a8"), True, True),
-    6: ("sm90 weight stream (TMA, mma.sync)", 72 * 1024, ("nt",), _ALL_PAIRS, True, True),
-    7: ("sm90 w8a16 wgmma + TMA", 197 * 1024, ("nt",), ("w8a16",), True, True),
-    8: ("sm90 w8a16 wgmma + TMA", 202 * 1024, ("nt",), ("w8a16",), True, True),
-    9: ("sm90 w8a16 wgmma + TMA", 197 * 1024, ("nt",), ("w8a16",), True, True),
+    0: ("portable mma.sync", 96 * 1024, False),
+    1: ("portable mma.sync", 96 * 1024, False),
+    2: ("portable mma.sync (w8a16 nt: the weight stream)", 96 * 1024, False),
+    3: ("portable mma.sync", 80 * 1024, False),
+    4: ("sm90 wgmma + TMA", 227 * 1024, True),
+    5: ("sm90 wgmma + TMA", 227 * 1024, True),
+    6: ("sm90 weight stream (TMA, mma.sync)", 72 * 1024, True),
+    7: ("sm90 w8a16 wgmma + TMA", 197 * 1024, True),
+    8: ("sm90 w8a16 wgmma + TMA", 202 * 1024, True),
+    9: ("sm90 w8a16 wgmma + TMA", 197 * 1024, True),
 }
-
-
 def _recipe_splits(recipe: int) -> tuple:
     if recipe == 6:
         return tuple(range(1, SM90_STREAM_MAX_SPLIT + 1))
     return ((TAIL_SPLIT,) if recipe in (4, 5) else ()) + (f"1-{MAX_SPLIT_K}",)
+
+
+@functools.lru_cache(maxsize=1)
+def _vocabulary() -> tuple:
+    gemm = _gemm()
+    out = []
+    for rid, recipe in gemm.RECIPES.items():
+        kernel, smem, tma = _RECIPE_FACTS[rid]
+
+        def runs(pair: str, layout: str, device: Facts = _EVERYTHING) -> bool:
+            return image_reason(Call(pair, layout, None, 128, 128, 1024), (rid, 1), device) is None
+        layouts = tuple(lay for lay in gemm.LAYOUTS if any(runs(p, lay) for p in gemm.PAIRS))
+        pairs = tuple(p for p in gemm.PAIRS if any(runs(p, lay) for lay in gemm.LAYOUTS))
+        needs_sm90 = not runs(pairs[0], layouts[0], _EVERYTHING._replace(sm90_code=False))
+        out.append(RecipeInfo(rid, recipe.name, recipe.tile_m, recipe.tile_n, kernel, smem, layouts, pairs,
+                              needs_sm90, tma, _recipe_splits(rid)))
+    return tuple(out)
 
 
 def tile_vocabulary() -> list[RecipeInfo]:
@@ -148,13 +164,7 @@ def tile_vocabulary() -> list[RecipeInfo]:
     >>> [r.name for r in tile_vocabulary()][:3]
     ['m128n128', 'm64n128', 'm16n64']
     """
-    recipes = _gemm().RECIPES
-    out = []
-    for rid, recipe in recipes.items():
-        kernel, smem, layouts, pairs, sm90, tma = _RECIPE_FACTS[rid]
-        out.append(RecipeInfo(rid, recipe.name, recipe.tile_m, recipe.tile_n, kernel, smem, layouts, pairs, sm90,
-                              tma, _recipe_splits(rid)))
-    return out
+    return list(_vocabulary())
 
 
 def _recipe_id(value: str) -> int | None:
@@ -179,11 +189,16 @@ class Facts(NamedTuple):
     sm90_code: bool    # the image holds sm_90a code for it (recipes 4-9 can run)
     driver: str
     image_sha256: str  # the gemm library's sha256 ("" where none is loaded)
+    fp8_code_arch: int | None = None  # the arch of the image's fp8 code on it (None: its own, as with SASS for it)
 
     @property
     def arch(self) -> str:
         """The device class rows and builtin tables are keyed by: "sm90", "sm89", ..."""
         return f"sm{self.cc[0]}{self.cc[1]}"
+
+    @property
+    def fp8_arch(self) -> int:
+        return self.cc[0] * 10 + self.cc[1] if self.fp8_code_arch is None else self.fp8_code_arch
 
     def signature(self) -> dict:
         """The plan cache's device signature: a tuned plan is reused only where all of this matches."""
@@ -212,7 +227,8 @@ def _device_facts(index: int) -> Facts:
     smem = getattr(props, "shared_memory_per_block_optin", None) or _SMEM_OPTIN.get(cc, 48 * 1024)
     version, _ = loader.query_driver_version()
     return Facts(str(getattr(props, "name", "cuda")), cc, int(props.multi_processor_count), int(smem),
-                 bool(_gemm().sm90_code_in_image(index)), str(version or ""), _image_sha256())
+                 bool(_gemm().sm90_code_in_image(index)), str(version or ""), _image_sha256(),
+                 _gemm().fp8_code_arch_in_image(index))
 
 
 _facts_memo: dict[int, Facts] = {}
@@ -234,6 +250,8 @@ def facts(device=None) -> Facts:
 
 
 _facts_of = facts  # for probe(), whose `facts` argument shadows the function
+# A device that lacks nothing, for asking the op which layouts and pairs a recipe runs.
+_EVERYTHING = Facts("any", (9, 0), 132, 227 * 1024, True, "", "")
 
 
 # ---- rows ----------------------------------------------------------------------------------------------
@@ -374,42 +392,40 @@ class Call(NamedTuple):
     batch_invariant: bool = False
 
 
+def image_reason(call: Call, plan: tuple[int, int], device: Facts) -> str | None:
+    """Why this image's op would refuse `plan` for `call` on `device`, or None: the op's own rules
+    (`torch.ops.astrai.quant_gemm_can_implement`, the C++ `gemm_unsupported_on` and `gemm_plan_unfit` that the op
+    checks before a launch), asked with the device's facts instead of the current device's. Loads the gemm family
+    (on a CPU too); FamilyUnavailableError naming why where no image serves it."""
+    gemm = _gemm()
+    gemm.load()
+    a_dtype, b_dtype = gemm.PAIRS[call.pair][0]  # every dtype pair of a pair name follows the same rules
+    why = torch.ops.astrai.quant_gemm_can_implement(a_dtype, b_dtype, gemm.LAYOUTS[call.layout], int(plan[0]),
+                                                     int(plan[1]), call.m, call.n, call.batch or 1,
+                                                     device.cc[0] * 10 + device.cc[1], bool(device.sm90_code),
+                                                     device.fp8_arch)
+    return why or None
+
+
 def can_run(call: Call, plan: tuple[int, int], device: Facts, *, tma: bool = True, mx: bool = True) -> str | None:
-    """Why `plan` cannot run `call` on `device` with this image and staging, or None when it can (the op's
-    rules, csrc gemm_unsupported and the binding's limits, checked before launch)."""
+    """Why `plan` cannot run `call` on `device` with this image and the staging switches, or None when it can: the
+    op's rules (`image_reason`), then the policy's own: TMA and mx staging, the shared-memory ceiling, batch
+    invariance."""
     recipe, split = plan
-    info = _RECIPE_FACTS.get(recipe)
-    if info is None or recipe not in _gemm().RECIPES:
+    if recipe not in _RECIPE_FACTS or recipe not in _gemm().RECIPES:
         return f"recipe {recipe} does not exist in this image"
-    kernel, smem, layouts, pairs, needs_sm90, uses_tma = info
-    if call.layout not in layouts:
-        return f"recipe {recipe} ({kernel}) runs layouts {'/'.join(layouts)}, not {call.layout}"
-    if call.pair not in pairs:
-        return f"recipe {recipe} ({kernel}) runs pairs {'/'.join(pairs)}, not {call.pair}"
-    if needs_sm90 and not device.sm90_code:
-        return f"recipe {recipe} needs a compute capability 9.0 GPU and sm_90a code in the image"
+    why = image_reason(call, plan, device)
+    if why is not None:
+        return why
+    kernel, smem, uses_tma = _RECIPE_FACTS[recipe]
     if uses_tma and not tma:
         return f"recipe {recipe} stages by TMA, and set_staging(tma=False) is in force"
     if smem > device.smem_optin:
         return f"recipe {recipe} needs {smem} bytes of shared memory, the device allows {device.smem_optin}"
     if call.pair == "fp8" and device.cc >= (12, 0) and not mx:
         return "fp8 on sm_120 runs the block-scale (mx) mma cell only, and set_staging(mx=False) is in force"
-    if split == TAIL_SPLIT:
-        if recipe not in (4, 5):
-            return f"split 0 (the last wave split) is for recipes 4 and 5, not {recipe}"
-        if call.batch_invariant:
-            return "split 0 (the last wave split) depends on M: not batch-invariant"
-    elif not 1 <= split <= MAX_SPLIT_K:
-        return f"split {split} is outside [1, {MAX_SPLIT_K}]"
-    if recipe == 6 and split > SM90_STREAM_MAX_SPLIT:
-        return f"recipe 6 splits K at most {SM90_STREAM_MAX_SPLIT} ways (one cluster)"
-    gemm = _gemm()
-    rows = call.n if gemm.runs_swapped(call.pair, gemm.LAYOUTS[call.layout]) else call.m
-    tile_m = gemm.RECIPES[recipe].tile_m
-    if math.ceil(rows / tile_m) > MAX_GRID_YZ:
-        return f"{rows} rows need more than {MAX_GRID_YZ} tiles of {tile_m} rows for recipe {recipe}"
-    if (call.batch or 1) * max(split, 1) > MAX_GRID_YZ:
-        return f"batch * split_k must be <= {MAX_GRID_YZ}"
+    if split == TAIL_SPLIT and call.batch_invariant:
+        return "split 0 (the last wave split) depends on M: not batch-invariant"
     return None
 
 
@@ -648,10 +664,12 @@ def _decide(call: Call, device: Facts, tuned: tuple | None) -> Decision:
         passed.append(("model", why))
     plan = _degraded(call)
     why = can_run(call, plan, device, tma=_state.tma, mx=_state.mx)
-    if why is not None:
+    if why is not None and image_reason(call, plan, device) is None:
+        # the policy's own switches leave nothing (fp8 on sm_120 with mx off); where the op's rules refuse every plan
+        # (fp8 below sm_89, a call past the grid limits) the ladder's plan goes ahead and the op raises its reason
         raise ValueError(f"quant_gemm: no plan can run {call.pair} layout {call.layout} M={call.m} N={call.n} "
                          f"K={call.k} here: {why}")
-    return Decision(plan, "degraded", "", tuple(passed))
+    return Decision(plan, "degraded", "", tuple(passed) + ((("degraded", why),) if why else ()))
 
 
 def _builtin_for(arch: str) -> list[Row]:

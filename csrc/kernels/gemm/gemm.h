@@ -1,6 +1,9 @@
 // The GEMM family's launcher interface: what the binding may ask before a launch, and the launch of a given plan.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include <cuda_runtime_api.h>
 
 #include "kernels/gemm/params.h"
@@ -28,8 +31,27 @@ int gemm_recipe_tile_m(int recipe);
 int gemm_recipe_tile_n(int recipe);
 int gemm_k_tile(GemmPair pair);
 
+// The op's limits on a plan: split_k (0 only on recipes 4 and 5) and the grid's y / z extents.
+constexpr int64_t kGemmMaxSplitK = 64;
+constexpr int64_t kGemmMaxGridYZ = 65535;
+
+// A device as a plan's feasibility depends on it, so that a planner can ask about devices other than the current one.
+struct GemmTarget {
+  int cc;             // compute capability: major * 10 + minor
+  bool sm90_code;     // this image holds sm_90a code for it (recipes 4-9)
+  int fp8_code_arch;  // the arch of this image's fp8 code for it (SASS, or the PTX JIT-compiled); -1: none
+};
+
+// Null when this image can run (pair, layout, recipe) on `target`, else why not (static text).
+const char* gemm_unsupported_on(GemmPair pair, GemmLayout layout, int recipe, const GemmTarget& target);
+
 // Null when this image can run (pair, layout, recipe) on the current device, else why not (static text).
 const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe);
+
+// Empty when recipe and split_k are in range and the grid fits for a problem of batch x m x n (its rows tile n where
+// the layout runs swapped), else why not: the op's message (after "astrai.quant_gemm: ").
+std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, int64_t split_k, int64_t m, int64_t n,
+                            int64_t batch);
 
 // True when (pair, layout) runs as the "nn" kernel of the swapped pair on (b, a), storing y^T (layout tt of every
 // pair whose (b, a) pair exists: all but w8a16). The CTA grid's rows then tile N, its columns M.

@@ -1,6 +1,8 @@
 // The GEMM family's launcher: recipe facts, what this image cannot run, and the launch of a given plan.
 #include <algorithm>
 #include <cstdint>
+#include <sstream>
+#include <string>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
@@ -21,15 +23,11 @@ constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
                                       gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128, 128};
 
-// Why the current device or image cannot run the sm_90a kernels (null when it can): `not_cc90` off a compute
-// capability 9.0 GPU, `no_code` where the image holds no sm_90a code for it (a PTX-only image).
-const char* sm90_unsupported(const char* not_cc90, const char* no_code) {
-  DeviceFacts facts{};
-  if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
-  if (facts.cc_major != 9 || facts.cc_minor != 0) return not_cc90;
-  bool sm90 = false;
-  if (gemm::sm90_code_available(&sm90) != cudaSuccess || !sm90) return no_code;
-  return nullptr;
+// Why `t` cannot run the sm_90a kernels (null when it can): `not_cc90` off a compute capability 9.0 GPU, `no_code`
+// where the image holds no sm_90a code for it (a PTX-only image).
+const char* sm90_unsupported(const GemmTarget& t, const char* not_cc90, const char* no_code) {
+  if (t.cc != 90) return not_cc90;
+  return t.sm90_code ? nullptr : no_code;
 }
 
 bool is_fp8(GemmPair pair) {
@@ -49,19 +47,20 @@ int gemm_k_tile(GemmPair pair) {
   return pair == GemmPair::kBf16Bf16 || pair == GemmPair::kF16F16 ? gemm::PairBf16Bf16::kKTile : gemm::PairS8S8::kKTile;
 }
 
-const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
+const char* gemm_unsupported_on(GemmPair pair, GemmLayout layout, int recipe, const GemmTarget& t) {
   if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7, 8 or 9";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
   if (gemm_is_sm90_w8a16(recipe)) {
     if (layout != GemmLayout::kNT) return "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only";
     if (pair != GemmPair::kBf16S8 && pair != GemmPair::kF16S8) return "recipes 7-9 run w8a16 only";
-    return sm90_unsupported("recipes 7-9 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
+    return sm90_unsupported(t,
+                            "recipes 7-9 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
                             "(H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipes 7-9 need it): use recipes 0-3");
   }
   if (recipe == kGemmSm90StreamRecipe) {
     if (layout != GemmLayout::kNT) return "recipe 6 (the sm_90a weight stream) runs layout nt only";
-    return sm90_unsupported("recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)",
+    return sm90_unsupported(t, "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipe 6 needs it): use recipe 2");
   }
   if (recipe >= kGemmFirstSm90Recipe) {
@@ -71,18 +70,71 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
     if (is_fp8(pair) && recipe == 5)
       return "recipe 5 (the sm_90a 128 x 256 tile) has no fp8 kernel (its promoted fp32 accumulators do not fit): use "
              "recipe 4";
-    return sm90_unsupported("recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)",
+    return sm90_unsupported(t,
+                            "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipes 4 and 5 need it): use recipes 0-3");
   }
   if (!is_fp8(pair)) return nullptr;
+  if (t.cc < 89) return "fp8 operands need an sm_89 or newer GPU";
+  if (t.fp8_code_arch < 0) return "this image has no fp8 GEMM code for this GPU";
+  // A compute_80 PTX image JIT-compiled here has no fp8 mma (the cell compiles to nothing below sm_89).
+  if (t.fp8_code_arch < 89) return "this image runs compute_80 code on this GPU, which has no fp8 mma (sm_89+ code needed)";
+  return nullptr;
+}
+
+const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
+  // The rules that hold on any device first (a target that has everything), then the current device's facts,
+  // queried only where they decide.
+  if (const char* why = gemm_unsupported_on(pair, layout, recipe, GemmTarget{90, true, 90})) return why;
+  const bool sm90 = recipe >= kGemmFirstSm90Recipe;
+  if (!sm90 && !is_fp8(pair)) return nullptr;
   DeviceFacts facts{};
   if (current_device_facts(&facts) != cudaSuccess) return "could not query the current device";
-  if (facts.cc_major * 10 + facts.cc_minor < 89) return "fp8 operands need an sm_89 or newer GPU";
-  int ptx = 0;
-  if (gemm::sm80_fp8_code_arch(&ptx) != cudaSuccess) return "this image has no fp8 GEMM code for this GPU";
-  // A compute_80 PTX image JIT-compiled here has no fp8 mma (the cell compiles to nothing below sm_89).
-  if (ptx < 89) return "this image runs compute_80 code on this GPU, which has no fp8 mma (sm_89+ code needed)";
-  return nullptr;
+  GemmTarget t{facts.cc_major * 10 + facts.cc_minor, false, -1};
+  if (sm90) {
+    bool code = false;
+    t.sm90_code = gemm::sm90_code_available(&code) == cudaSuccess && code;
+  } else if (t.cc >= 89) {
+    int ptx = 0;
+    t.fp8_code_arch = gemm::sm80_fp8_code_arch(&ptx) == cudaSuccess ? ptx : -1;
+  }
+  return gemm_unsupported_on(pair, layout, recipe, t);
+}
+
+std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, int64_t split_k, int64_t m, int64_t n,
+                            int64_t batch) {
+  std::ostringstream why;
+  if (recipe < 0 || recipe >= kGemmRecipes) {
+    why << "recipe must be in [0, " << kGemmRecipes << "), got " << recipe;
+    return why.str();
+  }
+  const bool tail_recipe = recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1;
+  if (!((split_k >= 1 && split_k <= kGemmMaxSplitK) || (split_k == 0 && tail_recipe))) {
+    why << "split_k must be " << (tail_recipe ? "0 (the last wave split along K) or " : "") << "in [1, "
+        << kGemmMaxSplitK << "], got " << split_k
+        << (split_k == 0 ? " (0, the last wave split along K, is for recipes 4 and 5)" : "");
+    return why.str();
+  }
+  if (recipe == kGemmSm90StreamRecipe && split_k > kGemmSm90StreamMaxSplit) {
+    why << "split_k must be in [1, " << kGemmSm90StreamMaxSplit << "] for recipe " << kGemmSm90StreamRecipe
+        << " (the sm_90a weight stream runs its K slices as one cluster of CTAs), got " << split_k;
+    return why.str();
+  }
+  const int64_t tm = gemm_recipe_tile_m(int(recipe));
+  // The grid's rows tile M, or N where the layout runs as y^T = b a (gemm_swaps_operands).
+  const bool swaps = gemm_swaps_operands(pair, layout);
+  const int64_t grid_rows = swaps ? n : m;
+  if ((grid_rows + tm - 1) / tm > kGemmMaxGridYZ) {
+    why << (swaps ? "N = " : "M = ") << grid_rows << " needs more than " << kGemmMaxGridYZ << " tiles of " << tm
+        << " rows for recipe " << recipe << (swaps ? " (layout tt runs as y^T = b a)" : "")
+        << ": pick recipe 0 or split the call";
+    return why.str();
+  }
+  if (batch * split_k > kGemmMaxGridYZ) {
+    why << "batch * split_k must be <= " << kGemmMaxGridYZ << ", got " << batch << " * " << split_k;
+    return why.str();
+  }
+  return std::string();
 }
 
 GemmTailPlan gemm_sm90_tail_plan(const GemmParams& p, int tile_m, int tile_n, int k_tile, int num_sms) {
