@@ -321,6 +321,13 @@ std::string quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int
   return unsupported ? std::string(unsupported) : std::string();
 }
 
+// The policy's programmatic-dependent-launch switch for every GEMM launch of this process; returns the previous one.
+bool quant_gemm_set_pdl(bool allowed) {
+  const bool previous = gemm_pdl_allowed();
+  gemm_set_pdl_allowed(allowed);
+  return previous;
+}
+
 }  // namespace
 }  // namespace astrai
 
@@ -335,11 +342,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int layout, int recipe, int split_k, int m, "
       "int n, int batch, int cc, bool sm90_code, int fp8_code_arch) -> str");
+  m.def("quant_gemm_set_pdl(bool allowed) -> bool");
 }
 
 // No tensor arguments: one kernel for every backend.
 STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
   m.impl("quant_gemm_can_implement", TORCH_BOX(&astrai::quant_gemm_can_implement));
+  m.impl("quant_gemm_set_pdl", TORCH_BOX(&astrai::quant_gemm_set_pdl));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

@@ -1,8 +1,9 @@
-"""Developer probe of programmatic dependent launch for the GEMM kernels (`ASTRAI_GEMM_PDL`); not gated.
+"""Developer probe of programmatic dependent launch for the GEMM kernels (`gemm_plan.set_staging(pdl=...)`); not gated.
 
 Per cell (the gated suite's pairs and (N, K) at M = 1, 16, 1024; `quick`: M = 1, 16), microseconds per call by
 CUDA-graph replay over bench_gemm's rotated input sets:
-- on / off: our calls back to back, `ASTRAI_GEMM_PDL` unset / `=0` (read at each launch, so at capture);
+- on / off: our calls back to back, `gemm_plan.set_staging(pdl=True / False)` (read by the launcher at each launch,
+  so at capture);
 - +pad on / off: each call followed by a one-element torch add, so the kernel after ours is not ours; pad: the add
   alone;
 - anchor, anc+pad: bench_gemm's anchor the same two ways; ratio on = anchor / on, ratio+pad = (anc+pad - pad) /
@@ -14,7 +15,6 @@ The default launch is timed first in every cell: alternate images or runs before
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import bench_gemm as bg  # noqa: E402
 import gpu_timing  # noqa: E402
 from astrai.extension.ops import gemm as ops  # noqa: E402
+from astrai.extension.ops import gemm_plan  # noqa: E402
 
 SHAPES = [(4096, 4096), (14336, 4096), (2112, 7168)]
 MS = [1, 16, 1024]
@@ -52,11 +53,11 @@ def main(argv: list[str]) -> None:
                 kp = lambda s: (kern(s), s["pad"].add_(1))
                 ap = lambda s: (anc(s), s["pad"].add_(1))
                 pad = lambda s: s["pad"].add_(1)
-                os.environ.pop("ASTRAI_GEMM_PDL", None)
+                gemm_plan.set_staging(pdl=True)
                 on, on_p = med(kern, sets, calls), med(kp, sets, calls)
-                os.environ["ASTRAI_GEMM_PDL"] = "0"
+                gemm_plan.set_staging(pdl=False)
                 off, off_p = med(kern, sets, calls), med(kp, sets, calls)
-                os.environ.pop("ASTRAI_GEMM_PDL", None)
+                gemm_plan.set_staging(pdl=True)
                 a, a_p, p = med(anc, sets, calls), med(ap, sets, calls), med(pad, sets, calls)
                 plan = ops.builtin_plan(m, n, k, bg.OP_PAIR[pair], ops.num_sms(torch.device("cuda")),
                                         sm90=ops.sm90_available(torch.device("cuda")))

@@ -25,6 +25,7 @@ CONTRACT_SCHEMAS = {
     "quant_gemm_can_implement":
         "quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int layout, int recipe, int split_k, int m,"
         " int n, int batch, int cc, bool sm90_code, int fp8_code_arch) -> str",
+    "quant_gemm_set_pdl": "quant_gemm_set_pdl(bool allowed) -> bool",
 }
 
 # (M, N, K, num_sms) -> (recipe, split_k): the rules of ops.gemm.builtin_plan worked by hand.

@@ -198,7 +198,7 @@ def test_staging_without_tma_keeps_the_portable_recipes():
     for m in (1, 4, 64, 256, 4096):
         assert gp.probe(m, 4096, 4096, facts=H200).plan[0] in (0, 1, 2, 3)
         assert gp.probe(m, 4096, 4096, dtypes=(BF16, I8), facts=H200).plan[0] in (0, 1, 2, 3)
-    assert gp.state()["staging"] == {"tma": False, "mx": True}
+    assert gp.state()["staging"] == {"tma": False, "mx": True, "pdl": True}
 
 
 def test_mx_off_refuses_fp8_on_sm120_only():
@@ -296,7 +296,7 @@ def test_traced_plan_is_a_constant_under_torch_compile(monkeypatch):
 # ---- the environment seed ------------------------------------------------------------------------------
 
 def reseed(monkeypatch, **env):
-    for name in list(gp.ENV_SEEDS) + [gp.PORTABLE_KNOB]:
+    for name in list(gp.ENV_SEEDS) + [gp.PORTABLE_KNOB, gp.PDL_KNOB]:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -510,7 +510,8 @@ def test_info_shows_the_plan_chain_settings(tmp_path):
     desc = loader.describe()
     assert desc["policy"]["gemm_plan"]["planner"] == "table"
     line = next(x for x in loader.info().splitlines() if x.startswith("  gemm plan"))
-    assert line == (f"  gemm plan  planner table; staging tma off, mx on; rows override 0, injected 0; autotune on "
+    assert line == (f"  gemm plan  planner table; staging tma off, mx on, pdl on; rows override 0, injected 0; "
+                    f"autotune on "
                     f"({tmp_path}; 0 tuned); environment seeds none")
 
 
@@ -575,3 +576,22 @@ def test_fp8_code_arch_from_the_image_record(monkeypatch):
         ops.fp8_code_arch_in_image.cache_clear()
         assert ops.fp8_code_arch_in_image(0) == want, cc
     ops.fp8_code_arch_in_image.cache_clear()
+
+
+
+def test_pdl_switch_reaches_the_library_and_the_env_seed_is_read_once(monkeypatch):
+    """The launchers read no environment: the policy's pdl switch is pushed into the loaded library (and again on
+    each change); ASTRAI_GEMM_PDL=0 seeds it once."""
+    ops.load()
+    gp.set_staging(pdl=False)
+    assert torch.ops.astrai.quant_gemm_set_pdl(False) is False  # returns the switch as the policy left it
+    gp.set_staging(pdl=True)
+    assert torch.ops.astrai.quant_gemm_set_pdl(True) is True
+    reseed(monkeypatch, ASTRAI_GEMM_PDL="0")
+    assert gp.state()["staging"]["pdl"] is False and "ASTRAI_GEMM_PDL" in gp.state()["env_seeds"]
+    gp._native_synced.clear()
+    ops.load()  # a load (every op call) pushes a pending change
+    assert torch.ops.astrai.quant_gemm_set_pdl(True) is False
+    monkeypatch.delenv("ASTRAI_GEMM_PDL")
+    gp.reset()
+    assert torch.ops.astrai.quant_gemm_set_pdl(True) is True

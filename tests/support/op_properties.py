@@ -33,6 +33,7 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
                           "a split from (N, K) only, and every recipe sums K in one order (tests/gpu/gemm checks it)"),
     "quant_gemm_out": (False, "as quant_gemm"),
     "quant_gemm_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
+    "quant_gemm_set_pdl": (True, "takes no tensors: sets a launch switch that changes no bits"),
     "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
 }
 

@@ -263,7 +263,9 @@ _FAKES = {"astrai::quant_gemm": _fake_quant_gemm, "astrai::quant_gemm_out": _fak
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
 def load() -> bool:
     """Load the family once, with its fakes; loader.FamilyUnavailableError (saying why) when no image serves it."""
-    return load_family_once(FAMILY, OP, _FAKES)
+    loaded = load_family_once(FAMILY, OP, _FAKES)
+    gemm_plan.sync_native()  # the launchers' switches (programmatic dependent launch) from the policy state
+    return loaded
 
 
 def _split_k(tiles: int, k: int, num_sms: int, waves: int = 1) -> int:

@@ -89,8 +89,10 @@ ENV_SEEDS = {
     "ASTR_GEMM_TUNE_MAX_SHAPES": "enable(max_shapes=...)",
     "ASTR_GEMM_TUNE_TRIGGER": "enable(trigger=...)",
 }
-# Not deprecated: the portable kernels on a Hopper GPU, read once, seeds set_staging(tma=False).
+# Not deprecated, read once: the portable kernels on a Hopper GPU (seeds set_staging(tma=False)); plain launches instead
+# of programmatic dependents (ASTRAI_GEMM_PDL=0 seeds set_staging(pdl=False)).
 PORTABLE_KNOB = "ASTRAI_GEMM_PORTABLE"
+PDL_KNOB = "ASTRAI_GEMM_PDL"
 
 
 def _gemm():
@@ -449,6 +451,7 @@ class _State:
     log: bool = False
     tma: bool = True
     mx: bool = True
+    pdl: bool = True
     override: list = dataclasses.field(default_factory=list)
     override_source: str = ""
     injected: list = dataclasses.field(default_factory=list)
@@ -489,7 +492,10 @@ def _seed_from_env() -> None:
     for name in used:
         warnings.warn(f"{name} is deprecated: call astrai.extension.gemm_plan.{ENV_SEEDS[name]} instead (read once "
                       "per process; explicit calls override it)", DeprecationWarning, stacklevel=3)
-    _state.seeds = used + ([PORTABLE_KNOB] if env.get(PORTABLE_KNOB, "") not in ("", "0") else [])
+    _state.seeds = (used + ([PORTABLE_KNOB] if env.get(PORTABLE_KNOB, "") not in ("", "0") else [])
+                    + ([PDL_KNOB] if env.get(PDL_KNOB) == "0" else []))
+    if env.get(PDL_KNOB) == "0":
+        _state.pdl = False
     if env.get("ASTR_GEMM_TABLE"):
         _state.override = _read_rows_file(env["ASTR_GEMM_TABLE"])
         _state.override_source = env["ASTR_GEMM_TABLE"]
@@ -573,17 +579,40 @@ def set_log(on: bool = True) -> None:
         _state.log = bool(on)
 
 
-def set_staging(*, tma: bool | None = None, mx: bool | None = None) -> None:
+def set_staging(*, tma: bool | None = None, mx: bool | None = None, pdl: bool | None = None) -> None:
     """Staging switches: `tma=False` drops the recipes that stage operands by TMA (4-9: the portable kernels
     on a Hopper GPU); `mx=False` drops the block-scale (mx) fp8 cell, which is sm_120's only fp8 kernel (fp8
-    calls there then raise). None leaves a switch as it is."""
+    calls there then raise); `pdl=False` launches every GEMM kernel plainly instead of as a programmatic dependent
+    of the stream's previous kernel (same bits; for comparison). None leaves a switch as it is."""
     with _lock:
         _seed_from_env()
         if tma is not None:
             _state.tma = bool(tma)
         if mx is not None:
             _state.mx = bool(mx)
+        if pdl is not None:
+            _state.pdl = bool(pdl)
         _changed()
+        _native_synced.clear()
+    sync_native()
+
+
+# The library's process-wide switches pushed since the last change ("pdl"); empty: push at the next sync.
+_native_synced: set = set()
+
+
+def sync_native() -> None:
+    """Push the switches the launchers read (programmatic dependent launch) into the gemm library, once it is
+    loaded and after each change; ops.gemm.load() calls it. The launchers read no environment."""
+    if _native_synced:
+        return
+    from astrai.extension.ops import _fakes
+    if "gemm" not in _fakes._LOADED:
+        return
+    with _lock:
+        _seed_from_env()
+        torch.ops.astrai.quant_gemm_set_pdl(_state.pdl)
+        _native_synced.add("pdl")
 
 
 def reset() -> None:
@@ -592,6 +621,8 @@ def reset() -> None:
     with _lock:
         _state = _State(seeded=True)
         _changed()
+        _native_synced.clear()
+    sync_native()
 
 
 # ---- deciding ------------------------------------------------------------------------------------------
@@ -737,7 +768,7 @@ def state() -> dict:
         return {
             "planner": _state.planner,
             "log": _state.log,
-            "staging": {"tma": _state.tma, "mx": _state.mx},
+            "staging": {"tma": _state.tma, "mx": _state.mx, "pdl": _state.pdl},
             "override": {"rows": len(_state.override), "source": _state.override_source},
             "injected": {"rows": len(_state.injected)},
             "builtin": {arch: len(rows) for arch, rows in _state.builtin.items()},

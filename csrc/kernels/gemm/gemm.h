@@ -76,6 +76,11 @@ GemmTailPlan gemm_sm90_tail_plan(const GemmParams& p, int tile_m, int tile_n, in
 // summed in split order inside it; a larger split_k adds CTAs along K and a reduction of their partials.
 constexpr int kGemmStreamMaxWarpsK = 24;
 
+// Whether the GEMM kernels may launch as programmatic dependents where the image's code allows it (on by default).
+// The policy sets it (quant_gemm_set_pdl); no launcher reads the environment.
+void gemm_set_pdl_allowed(bool allowed);
+bool gemm_pdl_allowed();
+
 // Launches the plan (pair, recipe, p.split_k) for params already checked by the binding, in layout p.layout (with
 // p.transpose_out = 0: the launcher sets it where it swaps); p.workspace as above.
 cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream);

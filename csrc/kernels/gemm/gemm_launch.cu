@@ -1,5 +1,6 @@
 // The GEMM family's launcher: recipe facts, what this image cannot run, and the launch of a given plan.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -34,6 +35,13 @@ bool is_fp8(GemmPair pair) {
   return pair == GemmPair::kE4m3E4m3 || pair == GemmPair::kE5m2E4m3 || pair == GemmPair::kE4m3E5m2;
 }
 }  // namespace
+
+namespace {
+std::atomic<bool> g_pdl_allowed{true};
+}  // namespace
+
+void gemm_set_pdl_allowed(bool allowed) { g_pdl_allowed.store(allowed, std::memory_order_relaxed); }
+bool gemm_pdl_allowed() { return g_pdl_allowed.load(std::memory_order_relaxed); }
 
 int gemm_recipe_tile_m(int recipe) { return recipe >= 0 && recipe < kGemmRecipes ? kTileM[recipe] : 0; }
 int gemm_recipe_tile_n(int recipe) { return recipe >= 0 && recipe < kGemmRecipes ? kTileN[recipe] : 0; }

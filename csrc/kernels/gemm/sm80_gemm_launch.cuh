@@ -9,8 +9,8 @@
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
-#include "kernels/common/host/env_knob.h"
 #include "kernels/common/host/pdl_launch.h"
+#include "kernels/gemm/gemm.h"
 #include "kernels/gemm/sm80_gemm.cuh"
 #include "kernels/gemm/sm80_gemm_majors.cuh"
 
@@ -43,14 +43,15 @@ constexpr auto kernel_for() {
 // overlap that kernel's tail; every GEMM kernel and reduction here waits with griddepcontrol.wait before any global
 // access, and lets its own dependents in once past its mainloop). Launchers that measured a loss with it do not
 // ask: recipe 6 above one CTA a SM, recipes 4 / 5 with the last wave split.
-// ASTRAI_GEMM_PDL=0 in the environment (read at each launch) says never; otherwise only where this image's code for
+// The policy's switch (gemm_pdl_allowed: quant_gemm_set_pdl from Python, seeded by ASTRAI_GEMM_PDL=0 there, read
+// once) off says never; otherwise only where this image's code for
 // the current device is sm_90+ (ptxVersion >= 90: the kernel then holds the wait; a compute_80 PTX image
 // JIT-compiled for an H200 does not). `known` caches the image's answer per device (fixed for the process): one a
 // kernel.
 template <class Kernel>
 cudaError_t gemm_pdl(Kernel kernel, PdlCodeCache& known, bool* pdl) {
   *pdl = false;
-  if (env_knob_off("ASTRAI_GEMM_PDL")) return cudaSuccess;
+  if (!gemm_pdl_allowed()) return cudaSuccess;
   return code_waits_for_grid(kernel, known, pdl);
 }
 

@@ -69,7 +69,7 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
   if (q.tail_split <= 1) ASTRAI_CUDA_TRY(gemm_pdl(kernel, known_gemm, &pdl));
   ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, dim3(grid), dim3(R::kThreads), R::kSmemBytes, stream, pdl, map_a,
                                          map_b, q));
-  if (q.tail_split > 1) {  // as a programmatic dependent, as the GEMM kernel (ASTRAI_GEMM_PDL)
+  if (q.tail_split > 1) {  // as a programmatic dependent, as the GEMM kernel (gemm_pdl)
     constexpr int kBlocksPerTile = R::kBM * R::kBN / (4 * kTailReduceThreads);
     auto* reduce = &gemm_sm90_tail_reduce_kernel<typename P::Acc, R>;
     static PdlCodeCache known;

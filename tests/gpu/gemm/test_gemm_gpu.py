@@ -18,6 +18,7 @@ from support.bitwise import assert_bitwise_equal, assert_detects_perturbation
 
 from astrai.extension import loader
 from astrai.extension.ops import gemm as ops
+from astrai.extension.ops import gemm_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.requires_cuda_kernels("gemm")]
 
@@ -715,8 +716,9 @@ def test_pdl_chain_reads_what_the_previous_call_wrote(case):
 
 
 @pytest.mark.parametrize("plan", [(2, 4), (6, 2), (4, 0), (5, 1), (8, 1)], ids=lambda p: f"r{p[0]}s{p[1]}")
-def test_pdl_off_same_bits(plan, monkeypatch):
-    """ASTRAI_GEMM_PDL=0 (read at each launch) launches the kernels plainly: the same bits as with the overlap."""
+def test_pdl_off_same_bits(plan):
+    """gemm_plan.set_staging(pdl=False) (seeded by ASTRAI_GEMM_PDL=0) launches the kernels plainly: the same bits as
+    with the overlap."""
     pair = (torch.bfloat16, torch.int8) if plan[0] in ops.SM90_W8A16_RECIPES else (torch.bfloat16, torch.bfloat16)
     skip_if_no_recipe(plan[0], *pair)
     if plan[1] == ops.TAIL_SPLIT:
@@ -725,5 +727,9 @@ def test_pdl_off_same_bits(plan, monkeypatch):
     a, b = operand(pair[0], (m, 2048)), operand(pair[1], (2112, 2048))
     sb = torch.rand(2112, device=DEVICE) + 0.5 if pair[1] == torch.int8 else None
     y = ops.quant_gemm(a, b, b_scale=sb, plan=plan)
-    monkeypatch.setenv("ASTRAI_GEMM_PDL", "0")
-    assert_bitwise_equal(ops.quant_gemm(a, b, b_scale=sb, plan=plan), y, "ASTRAI_GEMM_PDL=0")
+    gemm_plan.set_staging(pdl=False)
+    try:
+        assert torch.ops.astrai.quant_gemm_set_pdl(False) is False  # the library holds the policy's switch
+        assert_bitwise_equal(ops.quant_gemm(a, b, b_scale=sb, plan=plan), y, "set_staging(pdl=False)")
+    finally:
+        gemm_plan.set_staging(pdl=True)
