@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from astrai.extension import loader
+from astrai.extension._loader_images import parse_arch
 from astrai.extension.ops import gemm_plan
 from astrai.extension.ops._fakes import load_family_once
 
@@ -141,9 +142,9 @@ STREAM_MIN_K_PER_SPLIT = 256
 # q = ceil(units * s / num_sms) the units of the busiest SM, k_tiles = ceil(K / K tile) (64 16-bit or 128 8-bit
 # values). SM90_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, split_cost): least-squares fit (relative error) to
 # the twenty-second session's training sweep (`gemm_tune sweep --grid train`: every plan of 4 and 5 at M 128-8192
-# and the nine (N, K), operands out of L2; docs/benchmarks.md). fp8 has recipe 4 only. The last wave split (split_k = TAIL_SPLIT) competes too, priced as its whole
-# waves, one wave of slices and split_cost per element of the slices' partials (`_least_cost_plan`), taken only
-# where strictly cheaper. A batch-invariant plan is recipe 4 with the split of one row of tiles (both from (N, K)
+# and the nine (N, K), operands out of L2; docs/benchmarks.md). fp8 has recipe 4 only. The last wave split
+# (split_k = TAIL_SPLIT) competes too, priced as its whole waves, one wave of slices and split_cost per element of the
+# slices' partials (`_least_cost_plan`), taken only where strictly cheaper. A batch-invariant plan is recipe 4 with the split of one row of tiles (both from (N, K)
 # alone), never the last wave split (which tiles split depends on M).
 SM90_MIN_M = MEDIUM_M
 SM90_SPLITS = (1, 2, 4, 8)
@@ -436,19 +437,10 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
     slices and split_cost per element of the slices' partials (`tail_split`), taken only when at least TAIL_MARGIN
     cheaper than the best plan without it."""
     k_tiles = _k_tiles(k, pair)
-    best, best_cost = (recipes[0][0], 1), math.inf
-    for recipe, stage, unit in recipes:
-        if stage is None:
-            continue
-        for split in SM90_SPLITS:
-            if split > 1 and k // split < MIN_K_PER_SPLIT:
-                continue
-            q = math.ceil(_tiles(m, n, recipe) * split / num_sms)
-            cost = q * (stage * math.ceil(k_tiles / split) + unit)
-            if split > 1:
-                cost += split_cost * m * n * split / 1e6
-            if cost < best_cost:
-                best, best_cost = (recipe, split), cost
+    splits = [s for s in SM90_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
+    options = [(recipe, stage, unit, 0.0, _tiles(m, n, recipe), 1, splits)
+               for recipe, stage, unit in recipes if stage is not None]
+    best, best_cost = _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
     if tail:
         for recipe, stage, unit in recipes:
             whole, rest, split = tail_split(m, n, k, pair, recipe, num_sms) if stage is not None else (0, 0, 1)
@@ -462,10 +454,11 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
     return best
 
 
-def _cheapest_plan(m: int, n: int, k_tiles: int, num_sms: int, options, split_cost: float) -> tuple[int, int]:
+def _cheapest_plan(m: int, n: int, k_tiles: int, num_sms: int, options,
+                   split_cost: float) -> tuple[tuple[int, int], float]:
     """The (recipe, split) of least q * (stage * ceil(k_tiles / s) + unit) + fixed (+ split_cost * M * N * s / 1e6 for
     s > 1), q = ceil(units * s / (num_sms * ctas)), over `options` (recipe, stage, unit, fixed, units, ctas a SM,
-    splits); ties keep the first recipe and the smaller split."""
+    splits); ties keep the first recipe and the smaller split. Returns (plan, its estimated cost)."""
     best, best_cost = None, math.inf
     for recipe, stage, unit, fixed, units, ctas, splits in options:
         for split in splits:
@@ -475,7 +468,7 @@ def _cheapest_plan(m: int, n: int, k_tiles: int, num_sms: int, options, split_co
                 cost += split_cost * m * n * split / 1e6
             if cost < best_cost:
                 best, best_cost = (recipe, split), cost
-    return best
+    return best, best_cost
 
 
 @functools.lru_cache(maxsize=4096)
@@ -496,7 +489,7 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
             splits = [s for s in SM90_SMALL_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
             units, ctas = _tiles(m, n, recipe), 1
         options.append((recipe, stage, unit, fixed, units, ctas, splits))
-    return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
+    return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)[0]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -507,7 +500,7 @@ def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
     splits = [s for s in SM90_SPLITS if s == 1 or k_tiles >= s * SM90_W8A16_MIN_K_TILES]
     options = [(recipe, stage, unit, fixed, _tiles(m, n, recipe), 1, splits)
                for recipe, (stage, unit, fixed) in zip((7, 8, 9), (costs[0:3], costs[3:6], costs[6:9]))]
-    return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
+    return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)[0]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -535,25 +528,19 @@ def sm90_code_in_image(index: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def fp8_code_arch_in_image(index: int) -> int:
-    """The arch of the loaded image's fp8 GEMM code on CUDA device `index` (major * 10 + minor): the device's own
-    where the gemm library has SASS for it (sm_XY or sm_XYa), a same-major SASS at or below it otherwise (binary
-    compatible), else the newest PTX at or below it, JIT-compiled (-1: none; below 89 there is no fp8 mma).
-    What the op asks its own image for through cudaFuncGetAttributes, read here from the image's record."""
+    """The arch of the loaded image's fp8 GEMM code on CUDA device `index` (major * 10 + minor): the newest SASS of
+    the gemm library that runs on it, else the newest PTX it can JIT-compile (the loader's arch rules); -1: none.
+    Below 89 there is no fp8 mma. What the op asks its own image through cudaFuncGetAttributes, read from the record."""
     major, minor = torch.cuda.get_device_capability(index)
-    cc = major * 10 + minor
     chosen = loader.selection().chosen
     library = chosen.libraries.get(FAMILY) if chosen is not None else None
     if library is None:
         return -1
-    sass = {int(a.removeprefix("sm_").rstrip("a")): a.endswith("a") for a in library.sass}
-    if cc in sass:
-        return cc
-    same_major = [arch for arch, specific in sass.items() if arch // 10 == major and arch <= cc and not specific]
-    if same_major:
-        return max(same_major)
-    ptx = [int(a.removeprefix("compute_").rstrip("a")) for a in library.ptx]
-    below = [arch for arch in ptx if arch <= cc]
-    return max(below) if below else -1
+    for kind, texts in (("sm", library.sass), ("compute", library.ptx)):
+        archs = [a for a in map(parse_arch, texts) if a is not None and a.kind == kind and a.runs_on(major, minor)]
+        if archs:
+            return max(a.major * 10 + a.minor for a in archs)
+    return -1
 
 
 # Traced code (torch.compile) calls these at trace time and keeps the result: Dynamo cannot trace the loader's lock
