@@ -21,7 +21,7 @@ from astrai.extension.backend.quantize import (DelayedScaling, DynamicScaling, f
                                                 quantize_fp8, quantize_fp8_block, quantize_fp8_dynamic,
                                                 quantize_int8_per_channel, quantize_int8_per_row)
 from astrai.extension.backend.rotary import apply_rotary_emb, apply_rotary_emb_qk, rotary_cos_sin_cache
-from astrai.extension.ops import gemm_plan
+from astrai.extension.ops import attention_plan, gemm_plan
 
 info = loader.info
 
@@ -29,7 +29,7 @@ __all__ = [
     # rotary
     "apply_rotary_emb", "apply_rotary_emb_qk", "rotary_cos_sin_cache",
     # attention
-    "attention", "ATTN_BACKEND", "attn_backend", "set_op", "PagedKVCache",
+    "attention", "ATTN_BACKEND", "attn_backend", "set_op", "PagedKVCache", "attention_plan",
     # quantization
     "quantize_fp8", "quantize_fp8_dynamic", "quantize_fp8_block", "fp8_scale_layout",
     "quantize_int8_per_row", "quantize_int8_per_channel", "fp8_autocast", "DelayedScaling", "DynamicScaling",

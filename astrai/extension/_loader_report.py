@@ -165,6 +165,8 @@ def format_info(desc: dict[str, Any]) -> str:
     lines.append("  fallbacks  " + _fallback_line(desc["fallbacks"]))
     if "policy" in desc:
         lines.append("  gemm plan  " + _gemm_plan_line(desc["policy"]["gemm_plan"]))
+        if "attention_plan" in desc["policy"]:
+            lines.append("  attn plan  " + _attention_plan_line(desc["policy"]["attention_plan"]))
     lines.append("  overrides  " + (", ".join(f"{k}={v}" for k, v in desc["overrides"].items()) or "none"))
     return "\n".join(lines)
 
@@ -181,6 +183,11 @@ def _gemm_plan_line(state: dict[str, Any]) -> str:
               if tune["enabled"] else "autotune off")
     seeds = ", ".join(state["env_seeds"]) or "none"
     return f"planner {state['planner']}; staging {staging}; rows {rows}; {tuning}; environment seeds {seeds}"
+
+
+def _attention_plan_line(state: dict[str, Any]) -> str:
+    staging = ", ".join(f"{k} {'on' if v else 'off'}" for k, v in state["staging"].items())
+    return f"staging {staging}; environment seeds {', '.join(state['env_seeds']) or 'none'}"
 
 
 def _fallback_line(fallbacks: dict[str, Any]) -> str:

@@ -238,8 +238,14 @@ def describe() -> dict[str, Any]:
         loaded = {family: str(path) for family, path in _state.loaded.items()}
         failed = dict(_state.failed)
     desc = _loader_report.describe(sel, loaded, failed, _fallbacks.snapshot())
-    desc["policy"] = {"gemm_plan": _gemm_plan_state()}
+    desc["policy"] = {"gemm_plan": _gemm_plan_state(), "attention_plan": _attention_plan_state()}
     return desc
+
+
+def _attention_plan_state() -> dict[str, Any]:
+    """The attention policy's switches (`attention_plan.state()`)."""
+    from astrai.extension.ops import attention_plan  # imports the loader: here, at call time
+    return attention_plan.state()
 
 
 def _gemm_plan_state() -> dict[str, Any]:

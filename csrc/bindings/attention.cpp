@@ -1,11 +1,14 @@
-// Stable-ABI registration of the attention ops: validate, plan (decode KV splits, prefill Q tiles), allocate
-// the workspace, pack DecodeParams / PrefillParams / AppendParams, launch on the current stream.
+// Stable-ABI registration of the attention ops: validate, plan (decode KV splits, prefill Q tiles, and the launch
+// the policy picks: attention_policy.h), allocate the workspace, pack DecodeParams / PrefillParams /
+// AppendParams, launch on the current stream; and the policy's tensor-free ops (can_implement, plan, device facts,
+// switches).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
@@ -14,8 +17,8 @@
 
 #include "bindings/stable_helpers.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_policy.h"
 #include "kernels/common/host/align.h"
-#include "kernels/common/host/device_facts.h"
 
 namespace astrai {
 namespace {
@@ -74,9 +77,12 @@ int32_t log2_exact(int64_t v) {
   return (int64_t(1) << l) == v ? l : -1;
 }
 
-int sm_count(int32_t device_index) {
-  astrai::DeviceFacts facts{};
-  return astrai::device_facts(device_index, &facts) == cudaSuccess ? facts.sm_count : 1;
+// The device facts the policy plans with (attention_policy.h).
+AttnTarget target_of(const char* op, int32_t device_index) {
+  AttnTarget target{};
+  binding::check_cuda_status(attn_device_target(device_index, &target), op,
+                             "querying the device facts of cuda:" + std::to_string(device_index));
+  return target;
 }
 
 struct DecodeArgs {
@@ -90,12 +96,13 @@ struct DecodeArgs {
   int64_t kv_split_size;
 };
 
-std::string config_str(const DecodeParams& p, int32_t device_index) {
+std::string config_str(const DecodeParams& p, const DecodeLaunch& launch, int32_t device_index) {
   std::ostringstream s;
   s << (p.paged ? "attn_paged_decode_bf16" : "attn_decode_bf16") << " (B=" << p.batch << ", Hq=" << p.num_q_heads
     << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim << ", max_kv_len=" << p.max_kv_len;
   if (p.paged) s << ", page_size=" << (1 << p.page_size_log2) << ", num_pages=" << p.num_pages;
-  s << ", splits=" << p.num_splits << "x" << p.split_len << ", mask=" << (p.mask_ptr ? "yes" : "no")
+  s << ", splits=" << p.num_splits << "x" << p.split_len << ", pdl=" << (launch.pdl ? 1 : 0)
+    << ", mask=" << (p.mask_ptr ? "yes" : "no")
     << ", device=cuda:" << device_index << ")";
   return s.str();
 }
@@ -115,7 +122,7 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
   binding::check_rank(op, vname, a.v, 4, kv_layout);      // v: like k
   const int64_t batch = a.q.size(0), hq = a.q.size(1), d = a.q.size(2);
   const int64_t hkv = a.k.size(2);
-  check(d == 64 || d == 128 || d == 256, op, "head_dim (q.size(2)) must be 64, 128 or 256, got ", d);
+  check(attn_head_dim_supported(d), op, "head_dim (q.size(2)) must be 64, 128 or 256, got ", d);
   check(a.k.size(3) == d, op, kname, ".size(3) must equal head_dim = q.size(2) = ", d, ", got ", a.k.size(3));
   check(a.v.sizes().equals(a.k.sizes()), op, vname, " must have the shape of ", kname, " ",
         binding::shape_str(a.k), ", got ", binding::shape_str(a.v));
@@ -213,10 +220,13 @@ Tensor decode(const char* op, const DecodeArgs& a) {
     torch::stable::zero_(out);
     return out;
   }
+  // The explicit plan: the split rule (attn_decode_plan) and the launch the policy picks (attn_decode_choose).
+  const AttnTarget target = target_of(op, device);
   const DecodePlan plan = attn_decode_plan(p.batch, p.num_kv_heads, p.num_q_heads / p.num_kv_heads, p.max_kv_len,
-                                           p.head_dim, p.paged, sm_count(device), a.kv_split_size);
+                                           p.head_dim, p.paged, target.sm_count, a.kv_split_size);
   p.num_splits = plan.num_splits;
   p.split_len = plan.split_len;
+  const DecodeLaunch launch = attn_decode_choose(p, attn_policy(), target);
   p.out_ptr = out.data_ptr();
   p.out_batch_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
@@ -229,7 +239,7 @@ Tensor decode(const char* op, const DecodeArgs& a) {
     p.partial_lse_ptr = static_cast<float*>(partial_lse->data_ptr());
   }
   const cudaStream_t stream = binding::current_cuda_stream(op, device);
-  binding::check_cuda_status(attn_decode_bf16_launch(p, stream), op, config_str(p, device));
+  binding::check_cuda_status(attn_decode_bf16_launch(p, launch, stream), op, config_str(p, launch, device));
   return out;
 }
 
@@ -279,9 +289,9 @@ struct PrefillArgs {
   double scale;
 };
 
-std::string config_str(const char* kernel, const PrefillParams& p, int32_t device_index) {
+std::string config_str(const char* kernel, const PrefillParams& p, const PrefillLaunch& launch, int32_t device_index) {
   std::ostringstream s;
-  s << kernel << " (B=" << p.batch << ", " << (p.qo_indptr_ptr ? "Tq=" : "Lq=") << p.q_len << ", Hq=" << p.num_q_heads
+  s << kernel << (launch.kernel == PrefillKernel::kSm90 ? (launch.tma ? "[sm90, tma]" : "[sm90]") : "[mma]") << " (B=" << p.batch << ", " << (p.qo_indptr_ptr ? "Tq=" : "Lq=") << p.q_len << ", Hq=" << p.num_q_heads
     << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim << ", max_kv_len=" << p.max_kv_len;
   if (p.paged) s << ", page_size=" << (1 << p.page_size_log2) << ", num_pages=" << p.num_pages;
   s << ", mask=" << (p.mask_ptr ? (p.mask_q_stride ? "3-D" : "2-D") : "no") << ", causal=" << (p.is_causal ? 1 : 0)
@@ -308,7 +318,7 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
   const int64_t q_head_axis = ragged_q ? 1 : 2, k_head_axis = ragged_kv ? 1 : 2;
   const int64_t q_rows = a.q.size(ragged_q ? 0 : 1);  // Tq (ragged) or Lq (dense)
   const int64_t hq = a.q.size(q_head_axis), d = a.q.size(q_head_axis + 1), hkv = a.k.size(k_head_axis);
-  check(d == 64 || d == 128 || d == 256, op, "head_dim (q.size(", q_head_axis + 1, ")) must be 64, 128 or 256, got ",
+  check(attn_head_dim_supported(d), op, "head_dim (q.size(", q_head_axis + 1, ")) must be 64, 128 or 256, got ",
         d);
   check(a.k.size(k_head_axis + 1) == d, op, kname, ".size(", k_head_axis + 1, ") must equal head_dim = ", d, ", got ",
         a.k.size(k_head_axis + 1));
@@ -474,8 +484,12 @@ Tensor prefill(const char* op, const char* kernel, const PrefillArgs& a) {
     p.q_tile_to_index = base + plan.num_q_tiles;  // [num_q_tiles]
   }
   p.sched_counter_ptr = words > 0 ? base + (words - 1) : nullptr;  // 0 words: invalid shapes, the launch refuses
+  // The explicit plan: the kernel (and its K/V copy) the policy picks for this device (attn_prefill_choose).
+  const int64_t page_size = p.paged ? int64_t(1) << p.page_size_log2 : 0;
+  const PrefillLaunch launch =
+      attn_prefill_choose(p.head_dim, page_size, p.scale_log2 > 0.f, attn_policy(), target_of(op, device));
   const cudaStream_t stream = binding::current_cuda_stream(op, device);
-  binding::check_cuda_status(attn_prefill_bf16_launch(p, stream), op, config_str(kernel, p, device));
+  binding::check_cuda_status(attn_prefill_bf16_launch(p, launch, stream), op, config_str(kernel, p, launch, device));
   return out;
 }
 
@@ -625,6 +639,94 @@ void paged_kv_append_cpu(const Tensor& k_cache, const Tensor& v_cache, const Ten
   fail(kOpAppend, "k_cache must be a CUDA tensor, got ", binding::device_name(k_cache));
 }
 
+// ---- the policy's tensor-free ops ----------------------------------------------------------------------------
+
+AttnTarget described(int64_t cc, int64_t code_arch, int64_t binary_arch, int64_t sm_count, int64_t smem_optin) {
+  return AttnTarget{int(cc), int(code_arch), int(binary_arch), int(sm_count), int(smem_optin)};
+}
+
+bool decode_kind(const char* op, const std::string& kind) {
+  check(kind == "decode" || kind == "prefill", op, "kind must be 'decode' or 'prefill', got '", kind, "'");
+  return kind == "decode";
+}
+
+// Why the attention ops cannot serve a call of these shapes, or cannot run `kernel` (prefill: 0 mma, 1 sm90;
+// decode: `pdl`) on a device described by (cc, code_arch, binary_arch, sm_count, smem_optin); empty when they
+// can. kernel -1: the shapes only. No tensors: callable on the CPU, for devices not in hand.
+std::string attn_can_implement(std::string kind, int64_t head_dim, int64_t num_q_heads, int64_t num_kv_heads,
+                               int64_t page_size, double scale, int64_t kernel, bool pdl, int64_t cc,
+                               int64_t code_arch, int64_t binary_arch, int64_t sm_count, int64_t smem_optin) {
+  const bool decode = decode_kind("astrai.attn_can_implement", kind);
+  std::string why = attn_shapes_unsupported(head_dim, num_q_heads, num_kv_heads, page_size);
+  if (!why.empty() || kernel < 0) return why;
+  const AttnTarget target = described(cc, code_arch, binary_arch, sm_count, smem_optin);
+  if (decode) return attn_decode_unfit(DecodeLaunch{pdl}, target);
+  if (kernel > 1) return "prefill kernel must be 0 (mma) or 1 (sm90), got " + std::to_string(kernel);
+  const PrefillLaunch launch{kernel == 1 ? PrefillKernel::kSm90 : PrefillKernel::kMma, true};
+  return attn_prefill_unfit(head_dim, page_size, scale > 0.0, launch, target);
+}
+
+// The plan the attention ops launch for a call of these sizes on a described device under the process's policy:
+// decode [num_splits, split_len, pdl]; prefill [kernel (0 mma, 1 sm90), tma, num_q_tiles]. page_size 0:
+// contiguous K/V; kv_split_size as the decode ops take it.
+std::vector<int64_t> attn_plan(std::string kind, int64_t batch, int64_t q_len, int64_t num_q_heads,
+                               int64_t num_kv_heads, int64_t head_dim, int64_t max_kv_len, int64_t page_size,
+                               bool ragged_q, double scale, int64_t kv_split_size, int64_t cc, int64_t code_arch,
+                               int64_t binary_arch, int64_t sm_count, int64_t smem_optin) {
+  const char* op = "astrai.attn_plan";
+  const bool decode = decode_kind(op, kind);
+  const std::string why = attn_shapes_unsupported(head_dim, num_q_heads, num_kv_heads, page_size);
+  check(why.empty(), op, why);
+  check(batch >= 0 && batch <= INT32_MAX - 1 && q_len >= 0 && q_len <= INT32_MAX && max_kv_len >= 0 &&
+            max_kv_len <= INT32_MAX - 1024,
+        op, "batch, q_len and max_kv_len must be >= 0 and fit in int32, got ", batch, ", ", q_len, ", ", max_kv_len);
+  check(kv_split_size >= 0, op, "kv_split_size must be >= 0 (0: automatic), got ", kv_split_size);
+  const AttnTarget target = described(cc, code_arch, binary_arch, sm_count, smem_optin);
+  const AttnPolicy policy = attn_policy();
+  if (decode) {
+    DecodeParams p{};
+    p.batch = int32_t(batch);
+    p.num_q_heads = int32_t(num_q_heads);
+    p.num_kv_heads = int32_t(num_kv_heads);
+    p.head_dim = int32_t(head_dim);
+    const DecodePlan plan = attn_decode_plan(p.batch, p.num_kv_heads, p.num_q_heads / p.num_kv_heads,
+                                             int32_t(max_kv_len), p.head_dim, page_size != 0, target.sm_count,
+                                             kv_split_size);
+    p.num_splits = plan.num_splits;
+    p.split_len = plan.split_len;
+    return {plan.num_splits, plan.split_len, attn_decode_choose(p, policy, target).pdl ? 1 : 0};
+  }
+  PrefillParams p{};
+  p.batch = int32_t(batch);
+  p.q_len = int32_t(q_len);
+  p.num_q_heads = int32_t(num_q_heads);
+  p.num_kv_heads = int32_t(num_kv_heads);
+  p.head_dim = int32_t(head_dim);
+  p.max_kv_len = int32_t(max_kv_len);
+  static int32_t marker = 0;  // a non-null qo_indptr: the plan of ragged Q
+  p.qo_indptr_ptr = ragged_q ? &marker : nullptr;
+  const PrefillLaunch launch = attn_prefill_choose(head_dim, page_size, scale > 0.0, policy, target);
+  return {int64_t(launch.kernel), launch.tma ? 1 : 0, attn_prefill_plan(p).num_q_tiles};
+}
+
+// [cc, code_arch, binary_arch, sm_count, smem_optin] of CUDA device `device` with this image's attention code.
+std::vector<int64_t> attn_device_facts(int64_t device) {
+  const AttnTarget t = target_of("astrai.attn_device_facts", int32_t(device));
+  return {t.cc, t.code_arch, t.binary_arch, t.sm_count, t.smem_optin};
+}
+
+// The process's policy switches (AttnPolicy), pushed by astrai.extension.attention_plan; returns the previous
+// ones as [decode_pdl, prefill_sm90, prefill_tma].
+std::vector<int64_t> attn_set_policy_op(bool decode_pdl, bool prefill_sm90, bool prefill_tma) {
+  const AttnPolicy previous = attn_policy();
+  AttnPolicy policy;
+  policy.decode_pdl = decode_pdl;
+  policy.prefill_sm90 = prefill_sm90;
+  policy.prefill_tma = prefill_tma;
+  attn_set_policy(policy);
+  return {previous.decode_pdl ? 1 : 0, previous.prefill_sm90 ? 1 : 0, previous.prefill_tma ? 1 : 0};
+}
+
 }  // namespace
 }  // namespace astrai
 
@@ -642,6 +744,21 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
         "bool is_causal, float scale) -> Tensor");
   m.def("attn_paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? qo_indptr, Tensor page_table, "
         "Tensor kv_lens, Tensor? mask, bool is_causal, float scale) -> Tensor");
+  m.def("attn_can_implement(str kind, int head_dim, int num_q_heads, int num_kv_heads, int page_size, float scale, "
+        "int kernel, bool pdl, int cc, int code_arch, int binary_arch, int sm_count, int smem_optin) -> str");
+  m.def("attn_plan(str kind, int batch, int q_len, int num_q_heads, int num_kv_heads, int head_dim, int max_kv_len, "
+        "int page_size, bool ragged_q, float scale, int kv_split_size, int cc, int code_arch, int binary_arch, "
+        "int sm_count, int smem_optin) -> int[]");
+  m.def("attn_device_facts(int device) -> int[]");
+  m.def("attn_set_policy(bool decode_pdl, bool prefill_sm90, bool prefill_tma) -> int[]");
+}
+
+// No tensor arguments: one kernel for every backend.
+STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
+  m.impl("attn_can_implement", TORCH_BOX(&astrai::attn_can_implement));
+  m.impl("attn_plan", TORCH_BOX(&astrai::attn_plan));
+  m.impl("attn_device_facts", TORCH_BOX(&astrai::attn_device_facts));
+  m.impl("attn_set_policy", TORCH_BOX(&astrai::attn_set_policy_op));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

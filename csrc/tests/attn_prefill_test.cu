@@ -373,6 +373,19 @@ struct Layout {
 
 // The sm_90a kernel's schedule in run_case: its tile counter from the workspace (the default), or none (fixed order).
 bool g_sched_counter = true;
+// The policy the test plans its launches with (the passes and --bench's environment knobs set it; the library's
+// launchers read no environment).
+astrai::AttnPolicy g_policy;
+
+// The launch the policy picks for p on the current device (what the op does).
+astrai::PrefillLaunch launch_of(const PrefillParams& p) {
+  int device = 0;
+  astrai::AttnTarget target{};
+  TEST_CUDA_CHECK(cudaGetDevice(&device));
+  TEST_CUDA_CHECK(astrai::attn_device_target(device, &target));
+  const int64_t page_size = p.paged ? int64_t(1) << p.page_size_log2 : 0;
+  return astrai::attn_prefill_choose(p.head_dim, page_size, p.scale_log2 > 0.f, g_policy, target);
+}
 
 ErrorStats run_case(const Case& c, Rng& rng) {
   ErrorStats s;
@@ -609,7 +622,7 @@ ErrorStats run_case(const Case& c, Rng& rng) {
     p.q_tile_to_index = ws.get() + plan.num_q_tiles;
   }
   if (g_sched_counter) p.sched_counter_ptr = ws.get() + (plan.workspace_bytes / 4 - 1);
-  const cudaError_t st = astrai::attn_prefill_bf16_launch(p, nullptr);
+  const cudaError_t st = astrai::attn_prefill_bf16_launch(p, launch_of(p), nullptr);
   if (st != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(st));
     return s;
@@ -831,7 +844,8 @@ bool check_rejections() {
   p.num_q_tiles = astrai::attn_prefill_plan(p).num_q_tiles;
   bool ok = p.num_q_tiles == 1;
   auto rejects = [&](PrefillParams bad) {
-    return astrai::attn_prefill_bf16_launch(bad, nullptr) == cudaErrorInvalidValue;
+    return astrai::attn_prefill_bf16_launch(bad, astrai::PrefillLaunch{astrai::PrefillKernel::kMma, false}, nullptr) ==
+           cudaErrorInvalidValue;
   };
   PrefillParams b = p;
   b.head_dim = 96;
@@ -856,8 +870,20 @@ bool check_rejections() {
   b.paged = true;
   ok = ok && rejects(b);  // paged without a page table
   b = p;
+  b.scale_log2 = -1.f;  // the sm_90a kernel takes a positive scale only: a launch that names it is refused
+  ok = ok && astrai::attn_prefill_bf16_launch(b, astrai::PrefillLaunch{astrai::PrefillKernel::kSm90, true}, nullptr) ==
+                 cudaErrorInvalidValue;
+  b = p;
+  b.head_dim = 64;  // and head_dim 128 only
+  b.num_q_tiles = astrai::attn_prefill_plan(b).num_q_tiles;
+  b.q_head_stride = b.k_head_stride = b.v_head_stride = b.out_head_stride = 64;
+  b.scale_log2 = 1.f;
+  ok = ok && astrai::attn_prefill_bf16_launch(b, astrai::PrefillLaunch{astrai::PrefillKernel::kSm90, true}, nullptr) ==
+                 cudaErrorInvalidValue;
+  b = p;
   b.batch = 0;
-  ok = ok && astrai::attn_prefill_bf16_launch(b, nullptr) == cudaSuccess;  // nothing to do
+  ok = ok && astrai::attn_prefill_bf16_launch(b, astrai::PrefillLaunch{astrai::PrefillKernel::kMma, false}, nullptr) ==
+                 cudaSuccess;  // nothing to do
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launcher rejects inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");
@@ -895,10 +921,12 @@ __global__ void count_diff_u16(const uint16_t* a, const uint16_t* b, int64_t n, 
 // output must equal the contiguous one bitwise ("bitwise" column, on the paged row).
 int run_bench(const cudaDeviceProp& prop, int ps) {
   const char* knob = std::getenv("ASTRAI_PREFILL_SM90");
+  const char* tma_knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
+  g_policy.prefill_sm90 = !(knob && std::strcmp(knob, "0") == 0);
+  g_policy.prefill_tma = !(tma_knob && std::strcmp(tma_knob, "0") == 0);
   std::printf("bench: %s, GQA 32/8, D=128, dense Q, CUDA events, median of repeats after warm-up\n", prop.name);
   std::printf("ASTRAI_PREFILL_SM90=%s (unset or 1: the sm_90a kernel where it applies; 0: mma.sync)\n",
               knob ? knob : "unset");
-  const char* tma_knob = std::getenv("ASTRAI_PREFILL_SM90_TMA");
   std::printf("ASTRAI_PREFILL_SM90_TMA=%s (unset or 1: whole K/V tiles by TMA; 0: cp.async only)\n",
               tma_knob ? tma_knob : "unset");
   std::printf("%-3s %-6s %-7s %-11s %-8s %12s %10s %8s\n", "B", "L", "causal", "kv", "sched", "us", "TFLOP/s",
@@ -969,7 +997,7 @@ int run_bench(const cudaDeviceProp& prop, int ps) {
             const int reps = L >= 8192 && B == 8 ? 10 : 30;
             for (int r = 0; r < reps + 3; ++r) {
               timer.start();
-              const cudaError_t st = astrai::attn_prefill_bf16_launch(p, nullptr);
+              const cudaError_t st = astrai::attn_prefill_bf16_launch(p, launch_of(p), nullptr);
               const float t = timer.stop();
               if (st != cudaSuccess) {
                 std::fprintf(stderr, "launch returned %s\n", cudaGetErrorName(st));
@@ -1050,19 +1078,19 @@ int main(int argc, char** argv) {
   int failed = 0, index = 0;
   // On compute capability 9.0 the launcher takes the sm_90a wgmma kernel at head_dim 128 (where the image has its
   // code): a second pass runs it without the tile counter (its fixed order) and with every K/V tile copied by
-  // cp.async (ASTRAI_PREFILL_SM90_TMA=0; the first pass copies whole contiguous tiles by TMA), a third with
-  // ASTRAI_PREFILL_SM90=0 runs the table on the mma.sync kernel too.
+  // cp.async (policy prefill_tma off; the first pass copies whole contiguous tiles by TMA), a third with the policy's
+  // prefill_sm90 off runs the table on the mma.sync kernel too.
   const int passes = prop.major == 9 && prop.minor == 0 ? 3 : 1;
   for (int pass = 0; pass < passes; ++pass) {
     if (pass == 1) {
       g_sched_counter = false;
-      setenv("ASTRAI_PREFILL_SM90_TMA", "0", 1);
+      g_policy.prefill_tma = false;
       std::printf("second pass, no tile counter (the sm_90a kernel's fixed order), K/V by cp.async only\n");
     } else if (pass == 2) {
       g_sched_counter = true;
-      unsetenv("ASTRAI_PREFILL_SM90_TMA");
-      setenv("ASTRAI_PREFILL_SM90", "0", 1);
-      std::printf("third pass, ASTRAI_PREFILL_SM90=0 (head_dim 128 on the mma.sync kernel)\n");
+      g_policy.prefill_tma = true;
+      g_policy.prefill_sm90 = false;
+      std::printf("third pass, policy prefill_sm90 off (head_dim 128 on the mma.sync kernel)\n");
     }
     print_table_header();
     for (const Case& c : cases) {

@@ -28,6 +28,15 @@ using astrai::DecodeParams;
 using namespace astrai_test;
 
 constexpr bool kPaged = ASTRAI_ATTN_TEST_PAGED != 0;
+
+// The launch the default policy picks for a planned p on the current device (what the op does).
+astrai::DecodeLaunch launch_of(const DecodeParams& p) {
+  int device = 0;
+  astrai::AttnTarget target{};
+  TEST_CUDA_CHECK(cudaGetDevice(&device));
+  TEST_CUDA_CHECK(astrai::attn_device_target(device, &target));
+  return astrai::attn_decode_choose(p, astrai::AttnPolicy{}, target);
+}
 constexpr uint16_t kPoison = 0xffff;  // a NaN the kernels never write
 
 struct Case {
@@ -183,7 +192,7 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
     p.partial_o_ptr = po.get();
     p.partial_lse_ptr = plse.get();
   }
-  const cudaError_t st = astrai::attn_decode_bf16_launch(p, nullptr);
+  const cudaError_t st = astrai::attn_decode_bf16_launch(p, launch_of(p), nullptr);
   if (st != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(st));
     return s;
@@ -199,7 +208,7 @@ ErrorStats run_case(const Case& c, Rng& rng, int sm_count) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     TEST_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t cst = astrai::attn_decode_bf16_launch(p, stream);
+    const cudaError_t cst = astrai::attn_decode_bf16_launch(p, launch_of(p), stream);
     TEST_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     if (cst != cudaSuccess) s.fail(std::string("captured launch returned ") + cudaGetErrorName(cst));
     TEST_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -451,13 +460,13 @@ bool check_rejections() {
   p.max_kv_len = 8;
   p.num_splits = 1;
   p.split_len = 64;
-  bool ok = astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  bool ok = astrai::attn_decode_bf16_launch(p, launch_of(p), nullptr) == cudaErrorInvalidValue;
   p.head_dim = 128;
   p.num_q_heads = 3;  // not a multiple of Hkv
-  ok = ok && astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && astrai::attn_decode_bf16_launch(p, launch_of(p), nullptr) == cudaErrorInvalidValue;
   p.num_q_heads = 4;
   p.num_splits = 2;  // workspace missing
-  ok = ok && astrai::attn_decode_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && astrai::attn_decode_bf16_launch(p, launch_of(p), nullptr) == cudaErrorInvalidValue;
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launcher rejects inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");

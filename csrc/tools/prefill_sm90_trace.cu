@@ -96,7 +96,7 @@ cudaError_t launch_traced(const PrefillParams& p, int sms) {
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
   if (e != cudaSuccess) return e;
   if (p.sched_counter_ptr != nullptr) cudaMemset(p.sched_counter_ptr, 0, sizeof(int32_t));
-  traced_kernel<false, false><<<unsigned(sms), K::kThreads, K::kSmemBytes>>>(p, kv_maps(p));
+  traced_kernel<false, false><<<unsigned(sms), K::kThreads, K::kSmemBytes>>>(p, kv_maps(p, true));
   return cudaGetLastError();
 }
 
@@ -169,7 +169,7 @@ int trace_shape(int batch, int len, bool causal, int sms) {
   std::vector<float> ms;
   for (int r = 0; r < 23; ++r) {
     CK(cudaEventRecord(e0));
-    CK(launch_prefill_sm90(p, nullptr));
+    CK(launch_prefill_sm90(p, true, sms, nullptr));
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float t = 0.f;
@@ -281,7 +281,12 @@ int trace_shape(int batch, int len, bool causal, int sms) {
 }  // namespace prefill_trace
 
 int main(int argc, char** argv) {
-  int sms = sm90a_device_sms();
+  cudaDeviceProp prop{};
+  cudaFuncAttributes attr{};
+  const bool sm90a = cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0 &&
+                     cudaFuncGetAttributes(&attr, prefill_bf16_sm90_kernel<false, false>) == cudaSuccess &&
+                     attr.binaryVersion == 90;
+  const int sms = sm90a ? prop.multiProcessorCount : 0;
   if (sms <= 0) {
     std::printf("this device does not run the sm_90a prefill kernel (compute capability 9.0 with sm_90a code)\n");
     return 1;

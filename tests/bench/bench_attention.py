@@ -9,12 +9,12 @@ outside the timed region).
 - Decode (memory-bound): inputs rotated over sets larger than the L2 cache. Bytes counted: K and V read
   once (2 * B * L * Hkv * D * 2), the floor every decode must move; q and out are negligible. The graph's
   calls follow each other, so on sm_90+ each call's launch overlaps the previous call's tail (programmatic
-  dependent launch); the `-serial` rows time the same calls with ASTRAI_DECODE_PDL=0, as after a kernel that
+  dependent launch); the `-serial` rows time the same calls with set_staging(pdl=False), as after a kernel that
   does not release its dependents early.
 - Prefill (compute-bound, self-attention Lq = L): one input set. FLOPs counted: 4 * B * Hq * D * kept pairs
   (two matmuls of 2 FLOPs per multiply-add; kept pairs L^2, or L (L + 1) / 2 causal). Reported: TFLOP/s,
   the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time. At
-  head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel (ASTRAI_PREFILL_SM90=0),
+  head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel (attention_plan.set_staging(sm90=False)),
   beside the sm_90a kernel that takes it on an H100/H200 by default. The calls of one shape (anchors and
   kernels) are timed in PREFILL_ROUNDS interleaved rounds, each round starting one call later, so that a drift
   of the GPU's clock under sustained load is not charged to whichever call is timed last.
@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_timing  # noqa: E402  timing and the machine record every bench script shares
 
 from astrai.extension.ops import attention as ops  # noqa: E402
+from astrai.extension.ops import attention_plan  # noqa: E402
 
 DEFAULT_SHAPES = ("1x512", "1x4096", "1x32768", "16x4096", "16x16384", "64x4096", "64x16384")
 PAGE_SIZE = 16
@@ -101,7 +102,7 @@ def _check(s: dict) -> None:
 def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128,
             replays: int = 20, min_calls: int = 32, max_sets: int = 32, serial_rows: bool = True) -> list[dict]:
     """Rows for one (B, L): the contiguous and paged kernels, with the cuDNN and flash SDPA anchors; with
-    serial_rows also both calls with the programmatic launch overlap off ("-serial": ASTRAI_DECODE_PDL=0)."""
+    serial_rows also both calls with the programmatic launch overlap off ("-serial": attention_plan.set_staging(pdl=False))."""
     from torch.nn.attention import SDPBackend
 
     ops.load()
@@ -115,9 +116,9 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
         "paged16": lambda s: ops.attn_paged_decode(s["q"], s["k_cache"], s["v_cache"], s["page_table"],
                                                    s["kv_lens"]),
     }
-    if serial_rows:  # the same calls with ASTRAI_DECODE_PDL=0: what the launch overlap contributes
-        steps["contiguous-serial"] = _with_env("ASTRAI_DECODE_PDL", "0", steps["contiguous"])
-        steps["paged16-serial"] = _with_env("ASTRAI_DECODE_PDL", "0", steps["paged16"])
+    if serial_rows:  # the same calls with pdl off: what the launch overlap contributes
+        steps["contiguous-serial"] = _with_staging(steps["contiguous"], pdl=False)
+        steps["paged16-serial"] = _with_staging(steps["paged16"], pdl=False)
     anchors = {}
     for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
@@ -209,26 +210,23 @@ def prefill_flops(batch: int, length: int, heads_q: int, head_dim: int, causal: 
     return 4 * batch * heads_q * head_dim * pairs
 
 
-def _with_env(name: str, value: str, step):
-    """`step` with the environment variable `name` set to `value` while it launches (the launchers read their
-    knobs at each launch, and a captured graph keeps what they chose)."""
+def _with_staging(step, **switches):
+    """`step` with the attention policy's switches (attention_plan.set_staging) set while it launches (the op plans
+    each call from them, and a captured graph keeps what it planned), then restored."""
     def run(s):
-        before = os.environ.get(name)
-        os.environ[name] = value
+        before = attention_plan.state()["staging"]
+        attention_plan.set_staging(**switches)
         try:
             return step(s)
         finally:
-            if before is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = before
+            attention_plan.set_staging(**{name: before[name] for name in switches})
     return run
 
 
 def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32, heads_kv: int = 8,
                     head_dim: int = 128, replays: int = 10, target_ms: float = 2.0) -> list[dict]:
     """Rows for one (B, L, causal): the contiguous and paged (page 16) prefill kernels (and, at head_dim 128, the
-    contiguous call on the mma.sync kernel: ASTRAI_PREFILL_SM90=0), with the flash and cuDNN SDPA anchors. Each
+    contiguous call on the mma.sync kernel: set_staging(sm90=False)), with the flash and cuDNN SDPA anchors. Each
     graph holds enough calls for about `target_ms` at 300 TFLOP/s (at least one)."""
     from torch.nn.attention import SDPBackend
 
@@ -242,7 +240,7 @@ def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32,
                                                     s["kv_lens"], is_causal=causal),
     }
     if head_dim == 128:  # the mma.sync kernel too, where an sm_90a one may take the call
-        steps["contig-mma"] = _with_env("ASTRAI_PREFILL_SM90", "0", steps["contiguous"])
+        steps["contig-mma"] = _with_staging(steps["contiguous"], sm90=False)
     _check_prefill(s, causal, steps)
     # Anchors and kernels in interleaved rounds (see the module docstring); an anchor that refuses the shapes
     # (RuntimeError) is dropped.

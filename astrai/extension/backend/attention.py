@@ -47,6 +47,7 @@ from astrai.extension import _fallbacks, loader
 # append_reference and gather_paged are re-exported: they lived here before the cache had its own module.
 from astrai.extension.backend.paged_kv_cache import PagedKVCache, append_reference, gather_paged  # noqa: F401
 from astrai.extension.ops import attention as ops
+from astrai.extension.ops import attention_plan
 
 
 @functools.cache
@@ -171,8 +172,11 @@ class CudaBackend(AttentionBackend):
             return "q and K/V must be CUDA tensors"
         if call.q.dtype != torch.bfloat16 or call.kv_dtype != torch.bfloat16:
             return f"the kernels take bfloat16, got q {call.q.dtype} and K/V {call.kv_dtype}"
-        if call.q.shape[-1] not in ops.HEAD_DIMS:
-            return f"head_dim {call.q.shape[-1]} is not one of {ops.HEAD_DIMS}"
+        if _kernels_available():  # the library's own shape rules (attention_policy.h), not a copy of them
+            why = attention_plan.shapes_reason(call.q.shape[-1], call.q.shape[-2], call.num_kv_heads,
+                                               call.kv_cache.page_size if call.kv_cache is not None else 0)
+            if why:
+                return why
         if call.fwd == "decode" and not call.packed and call.q.shape[1] != 1:
             return f"decode takes one query token per sequence, got q_len {call.q.shape[1]}"
         if call.needs_grad():

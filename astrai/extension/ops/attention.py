@@ -51,7 +51,6 @@ OP_APPEND = "astrai.paged_kv_append"
 OP_PREFILL = "astrai.attn_prefill"
 OP_PREFILL_RAGGED = "astrai.attn_prefill_ragged"
 OP_PAGED_PREFILL = "astrai.attn_paged_prefill"
-HEAD_DIMS = (64, 128, 256)
 MAX_PAGE_SIZE = 128
 
 _loaded = False
@@ -108,6 +107,8 @@ def load() -> bool:
         if _has_prefill:
             register_fakes(_PREFILL_FAKES)
         _loaded = True
+        from astrai.extension.ops import attention_plan  # imports this module: here, at load time
+        attention_plan.sync_native()  # the policy's switches into the library before its first launch
     return True
 
 

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/attention/attention_policy.h"
 #include "kernels/attention/params.h"
 
 namespace astrai {
@@ -26,12 +27,13 @@ struct DecodePlan {
 DecodePlan attn_decode_plan(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
                             int32_t head_dim, bool paged, int32_t sm_count, int64_t kv_split_size);
 
-// Launches the split-KV decode on `stream`. With params.num_splits > 1 a combine kernel merges the splits'
-// partials (partial_o_ptr, partial_lse_ptr). Returns cudaErrorInvalidValue for inconsistent params (unsupported
-// head_dim, head counts, missing workspace); never throws. batch == 0: no launch. On sm_90+ images
-// the split kernel of a plan with splits and the combine launch as programmatic dependents of the stream's
-// previous kernel (each waits for it before touching memory); ASTRAI_DECODE_PDL=0 in the environment says never.
-cudaError_t attn_decode_bf16_launch(const DecodeParams& params, cudaStream_t stream);
+// Launches the split-KV decode on `stream` as `launch` says (attn_decode_choose). With params.num_splits > 1 a
+// combine kernel merges the splits' partials (partial_o_ptr, partial_lse_ptr). Returns cudaErrorInvalidValue for
+// inconsistent params (unsupported head_dim, head counts, missing workspace) and for a launch the device's code
+// cannot take (attn_decode_unfit); never throws. batch == 0: no launch. launch.pdl: the split kernel and the
+// combine launch as programmatic dependents of the stream's previous kernel (each waits for it before touching
+// memory).
+cudaError_t attn_decode_bf16_launch(const DecodeParams& params, const DecodeLaunch& launch, cudaStream_t stream);
 
 struct PrefillPlan {
   int32_t num_q_tiles;       // grid size along the Q schedule (an upper bound for ragged Q: idle tiles exit)
@@ -44,11 +46,12 @@ struct PrefillPlan {
 // fills the tile maps on the device from qo_indptr before the main kernel.
 PrefillPlan attn_prefill_plan(const PrefillParams& params);
 
-// Launches the prefill (and, for ragged Q, the tile-map kernel) on `stream`. The caller sets num_q_tiles, the
-// tile-map pointers and sched_counter_ptr from attn_prefill_plan (workspace of workspace_bytes; the launcher
-// zeroes the counter with cudaMemsetAsync when the kernel it picks uses it). Returns cudaErrorInvalidValue for
-// inconsistent params; never throws. batch == 0 or no rows: no launch.
-cudaError_t attn_prefill_bf16_launch(const PrefillParams& params, cudaStream_t stream);
+// Launches the prefill (and, for ragged Q, the tile-map kernel) on `stream` on the kernel `launch` names
+// (attn_prefill_choose). The caller sets num_q_tiles, the tile-map pointers and sched_counter_ptr from
+// attn_prefill_plan (workspace of workspace_bytes; the launcher zeroes the counter with cudaMemsetAsync when the
+// kernel uses it). Returns cudaErrorInvalidValue for inconsistent params and for a launch the device cannot run
+// (attn_prefill_unfit); never throws. batch == 0 or no rows: no launch.
+cudaError_t attn_prefill_bf16_launch(const PrefillParams& params, const PrefillLaunch& launch, cudaStream_t stream);
 
 // Writes N new tokens of K and V into a paged cache in one launch. num_tokens == 0: no launch.
 cudaError_t paged_kv_append_bf16_launch(const AppendParams& params, cudaStream_t stream);

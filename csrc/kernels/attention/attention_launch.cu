@@ -1,5 +1,7 @@
-// Attention launchers: decode planner, parameter checks, decode dispatch (decode + combine), paged KV append.
+// Attention launchers: decode planner, parameter checks, decode dispatch (decode + combine), paged KV append; the
+// device facts the policy plans with and the process's policy switches.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -10,7 +12,7 @@
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
-#include "kernels/common/host/env_knob.h"
+#include "kernels/common/host/pdl_launch.h"
 
 namespace astrai {
 namespace {
@@ -29,7 +31,7 @@ bool decode_params_valid(const DecodeParams& p) {
   if (p.batch < 0 || p.batch > 65535 || p.num_kv_heads <= 0 || p.num_q_heads <= 0) return false;
   if (p.num_q_heads % p.num_kv_heads != 0) return false;
   if (int64_t(p.batch) * p.num_q_heads > INT32_MAX) return false;  // combine grid: one block per row
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (!attn_head_dim_supported(p.head_dim)) return false;
   if (p.max_kv_len < 0 || p.num_splits < 1 || p.num_splits > kDecodeMaxSplits || p.split_len <= 0) return false;
   if (int64_t(p.num_splits) * p.split_len < p.max_kv_len) return false;  // every key belongs to a split
   if (p.q_ptr == nullptr || p.k_ptr == nullptr || p.v_ptr == nullptr || p.out_ptr == nullptr) return false;
@@ -69,18 +71,32 @@ bool append_params_valid(const AppendParams& p) {
   return true;
 }
 
-// Whether the decode launches (the split kernel of a plan with splits, and the combine) go as programmatic
-// dependents of the stream's previous kernel: ASTRAI_DECODE_PDL=0 in the environment (read at each launch) says
-// never; otherwise only where this image's code for the current device is sm_90+ (ptxVersion >= 90: it holds the
-// griddepcontrol.wait that guards each kernel's first global access; a compute_80 PTX image JIT-compiled for an
-// H200 does not). Every kernel of an image is compiled for the same arches, so the combine stands for all of
-// them. The image check is cached per device: the answer is fixed for the process.
-cudaError_t decode_pdl_enabled(bool* pdl) {
-  *pdl = false;
-  if (env_knob_off("ASTRAI_DECODE_PDL")) return cudaSuccess;
-  static PdlCodeCache known;
-  return code_waits_for_grid(attention::decode_combine_kernel, known, pdl);
+// The PTX and SASS arch of this image's attention code for each device (every kernel of an image is built for the
+// same arches, so the combine stands for all of them): fixed for the process, cached per device (0: unknown).
+constexpr int kTargetMaxDevices = 64;
+std::atomic<int32_t> g_code_arches[kTargetMaxDevices];  // ptxVersion * 1000 + binaryVersion
+
+cudaError_t code_arches(int device, int* ptx, int* binary) {
+  const bool cacheable = device >= 0 && device < kTargetMaxDevices;
+  int32_t known = cacheable ? g_code_arches[device].load(std::memory_order_relaxed) : 0;
+  if (known == 0) {
+    int current = 0;
+    ASTRAI_CUDA_TRY(cudaGetDevice(&current));
+    if (current != device) ASTRAI_CUDA_TRY(cudaSetDevice(device));
+    cudaFuncAttributes attr{};
+    const cudaError_t status = cudaFuncGetAttributes(&attr, attention::decode_combine_kernel);
+    if (current != device) ASTRAI_CUDA_TRY(cudaSetDevice(current));
+    ASTRAI_CUDA_TRY(status);
+    known = int32_t(attr.ptxVersion) * 1000 + int32_t(attr.binaryVersion);
+    if (cacheable) g_code_arches[device].store(known, std::memory_order_relaxed);
+  }
+  *ptx = known / 1000;
+  *binary = known % 1000;
+  return cudaSuccess;
 }
+
+// AttnPolicy as bits (1 decode_pdl, 2 prefill_sm90, 4 prefill_tma): every switch on until the policy says.
+std::atomic<uint32_t> g_policy{7u};
 
 template <int kHeadDim>
 DecodePlan plan_decode_splits(int32_t batch, int32_t num_kv_heads, int32_t group_size, int32_t max_kv_len,
@@ -136,18 +152,45 @@ cudaError_t launch_decode_kernel(const DecodeParams& p, cudaStream_t stream, boo
 
 }  // namespace
 
-cudaError_t attn_decode_bf16_launch(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t attn_device_target(int device, AttnTarget* target) {
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(device_facts(device, &facts));
+  AttnTarget t{};
+  t.cc = facts.cc_major * 10 + facts.cc_minor;
+  t.sm_count = facts.sm_count;
+  t.smem_optin = facts.smem_optin_per_block;
+  ASTRAI_CUDA_TRY(code_arches(device, &t.code_arch, &t.binary_arch));
+  *target = t;
+  return cudaSuccess;
+}
+
+void attn_set_policy(const AttnPolicy& policy) {
+  g_policy.store((policy.decode_pdl ? 1u : 0u) | (policy.prefill_sm90 ? 2u : 0u) | (policy.prefill_tma ? 4u : 0u),
+                 std::memory_order_relaxed);
+}
+
+AttnPolicy attn_policy() {
+  const uint32_t bits = g_policy.load(std::memory_order_relaxed);
+  AttnPolicy policy;
+  policy.decode_pdl = (bits & 1u) != 0;
+  policy.prefill_sm90 = (bits & 2u) != 0;
+  policy.prefill_tma = (bits & 4u) != 0;
+  return policy;
+}
+
+cudaError_t attn_decode_bf16_launch(const DecodeParams& p, const DecodeLaunch& launch, cudaStream_t stream) {
   if (!decode_params_valid(p)) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
-  bool pdl = false;
-  ASTRAI_CUDA_TRY(decode_pdl_enabled(&pdl));
-  // The decode kernel overlaps its predecessor only in plans with splits (short calls, where the launch is a large
-  // share of the time). A one-split plan is a long call where the overlap gained next to nothing for contiguous K/V
-  // and slowed paged K/V (docs/benchmarks.md, decode section), so it launches as before (the combine has nothing
-  // to follow then).
-  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream, pdl && p.num_splits > 1));
+  if (launch.pdl) {  // never a dependent launch of code that does not wait for its predecessor
+    int device = 0;
+    AttnTarget target{};
+    ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+    ASTRAI_CUDA_TRY(attn_device_target(device, &target));
+    if (!attn_decode_unfit(launch, target).empty()) return cudaErrorInvalidValue;
+  }
+  ASTRAI_CUDA_TRY(launch_decode_kernel(p, stream, launch.pdl));
   if (p.num_splits == 1) return cudaSuccess;
-  return attention::launch_decode_combine(p, stream, pdl);
+  return attention::launch_decode_combine(p, stream, launch.pdl);
 }
 
 cudaError_t paged_kv_append_bf16_launch(const AppendParams& p, cudaStream_t stream) {

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(PrefillSm90Traits::kThreads, 1)
   PrefillSm90NoHooks hooks;
   prefill_bf16_sm90<kRaggedQ, kPaged>(p, maps, hooks);
 #else
-  (void)p;  // not an sm_90a pass: never launched (prefill_sm90_usable)
+  (void)p;  // not an sm_90a pass: never launched (attn_prefill_unfit)
 #endif
 }
 

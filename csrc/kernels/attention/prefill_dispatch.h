@@ -13,11 +13,10 @@ namespace attention {
 template <int kHeadDim>
 cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t stream);
 
-// The sm_90a wgmma prefill (prefill_bf16_hd128_sm90.cu) applies: head_dim 128, contiguous K/V or pages of >= 8
-// keys, a device that runs this image's sm_90a code, and ASTRAI_PREFILL_SM90 unset or not "0".
-bool prefill_sm90_usable(const PrefillParams& p);
-// Launches it for params already checked by the launcher (and, for ragged Q, after the tile map was written).
-cudaError_t launch_prefill_sm90(const PrefillParams& p, cudaStream_t stream);
+// Launches the sm_90a wgmma prefill (prefill_bf16_hd128_sm90.cu) for params already checked by the launcher (and,
+// for ragged Q, after the tile map was written) on a device of sm_count SMs that can run it (attn_prefill_unfit);
+// tma: K/V tiles by TMA where TMA can describe K and V.
+cudaError_t launch_prefill_sm90(const PrefillParams& p, bool tma, int sm_count, cudaStream_t stream);
 
 }  // namespace attention
 }  // namespace astrai

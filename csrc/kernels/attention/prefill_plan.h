@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_policy.h"
 #include "kernels/attention/prefill_schedule.h"
 #include "kernels/common/host/align.h"
 
@@ -17,7 +18,7 @@ namespace attention {
 inline bool prefill_shapes_valid(const PrefillParams& p) {
   if (p.batch < 0 || p.batch > INT32_MAX - 1 || p.q_len < 0 || p.num_q_heads <= 0 || p.num_kv_heads <= 0) return false;
   if (p.num_q_heads % p.num_kv_heads != 0) return false;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (!attn_head_dim_supported(p.head_dim)) return false;
   return p.max_kv_len >= 0 && p.max_kv_len <= INT32_MAX - 1024;  // key indices + one tile stay in int32
 }
 

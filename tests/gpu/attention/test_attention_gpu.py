@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from reference import attention as ref
 
-from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attn_backend
+from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attention_plan, attn_backend
 from astrai.extension.backend import attention as backend
 from astrai.extension.ops import attention as ops
 
@@ -351,13 +351,13 @@ def test_cuda_graph_replay_is_bitwise_identical_to_eager(paged):
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged"])
 @pytest.mark.parametrize("batch,length", [(1, 4096), (2, 3001), (24, 700)], ids=["B1", "B2", "B24"])
-def test_launch_overlap_keeps_every_dependency(monkeypatch, paged, batch, length):
+def test_launch_overlap_keeps_every_dependency(paged, batch, length):
     """On sm_90+ the decode kernel of a plan with splits and the combine may start while the stream's previous
     kernel still runs (programmatic dependent launch) and must wait for it before touching memory. A chain
     where every kernel reads what the one before it wrote: each call's q is the previous call's output (through
     the combine: B = 1 and 2 have splits; B = 24 has one split and launches as before, a control), and in the
     paged case the append writes each step's last key and value right before the decode reads them; partial
-    buffers freed by one call may be the next call's. The same bits with the overlap off (ASTRAI_DECODE_PDL=0),
+    buffers freed by one call may be the next call's. The same bits with the overlap off (attention_plan.set_staging(pdl=False)),
     eagerly and in a replayed graph."""
     steps = 6
     q0 = rand_bf16(batch, 32, 128)
@@ -379,9 +379,11 @@ def test_launch_overlap_keeps_every_dependency(monkeypatch, paged, batch, length
         return out
 
     serial_out = torch.full((steps, batch, 32, 128), float("nan"), dtype=BF16, device=DEVICE)
-    monkeypatch.setenv("ASTRAI_DECODE_PDL", "0")
-    chain(q0, serial_out)
-    monkeypatch.delenv("ASTRAI_DECODE_PDL")
+    attention_plan.set_staging(pdl=False)
+    try:
+        chain(q0, serial_out)
+    finally:
+        attention_plan.set_staging(pdl=True)
     eager_out = torch.full_like(serial_out, float("nan"))
     chain(q0, eager_out)
     assert_bitwise_equal(eager_out, serial_out, "eager, overlap on vs off")

@@ -21,9 +21,9 @@ Bitwise promises, each tested with a negative control:
   call but not those pages, so there the two agree only within the accuracy bound (each is checked against the
   float64 truth).
 
-Kernel choice: at head_dim 128 on a compute capability 9.0 GPU served by SASS, the sm_90a wgmma kernel runs
-unless ASTRAI_PREFILL_SM90=0; test_prefill_kernel_knob checks both kernels against the truth and that the knob
-switches kernels exactly where it should (different bits there, equal bits elsewhere).
+Kernel choice: at head_dim 128 on a compute capability 9.0 GPU served by SASS, the sm_90a wgmma kernel runs unless
+attention_plan.set_staging(sm90=False); test_prefill_kernel_switch checks both kernels against the truth and that
+the switch switches kernels exactly where it should (different bits there, equal bits elsewhere).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from reference import attention as ref
 from support.bitwise import (GraphReplay, assert_batch_invariant, assert_bitwise_equal, assert_deterministic,
                              assert_detects_perturbation, assert_replay_matches_eager)
 
-from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attn_backend
+from astrai.extension import ATTN_BACKEND, PagedKVCache, attention, attention_plan, attn_backend
 from astrai.extension.backend import attention as backend
 from astrai.extension.ops import attention as ops
 
@@ -478,11 +478,20 @@ def sm90_prefill_kernel_applies() -> bool:
     return str(devices[0].get("capability")) == "9.0" and chosen.get("serves") == "sass"
 
 
+@pytest.fixture
+def policy():
+    """The attention policy, restored to its defaults after the test."""
+    attention_plan.reset()
+    yield attention_plan
+    attention_plan.reset()
+
+
 @pytest.mark.parametrize("paged", [False, True], ids=["contig", "paged16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_prefill_kernel_knob(monkeypatch, paged, causal):
-    """ASTRAI_PREFILL_SM90=0 keeps the mma.sync kernel at head_dim 128: both kernels match the truth, and their
-    bits differ exactly where the sm_90a kernel applies (the knob's negative control); head_dim 64 ignores it."""
+def test_prefill_kernel_switch(policy, paged, causal):
+    """set_staging(sm90=False) keeps the mma.sync kernel at head_dim 128: both kernels match the truth, and their
+    bits differ exactly where the sm_90a kernel applies (the switch's negative control); head_dim 64 ignores it.
+    The probe names the kernel the op ran."""
     q = rand_bf16(3, 150, 32, 128)
     k, v = rand_bf16(3, 400, 8, 128), rand_bf16(3, 400, 8, 128)
     lens = i32([400, 150, 37])
@@ -493,32 +502,67 @@ def test_prefill_kernel_knob(monkeypatch, paged, causal):
             return ops.attn_paged_prefill(q, k_cache, v_cache, table, lens, is_causal=causal)
         return ops.attn_prefill(q, k, v, lens, is_causal=causal)
 
-    default = run()
-    monkeypatch.setenv("ASTRAI_PREFILL_SM90", "0")
-    mma = run()
-    monkeypatch.setenv("ASTRAI_PREFILL_SM90", "1")
-    assert_bitwise_equal(run(), default, "ASTRAI_PREFILL_SM90=1 vs unset")
+    def probed():
+        return policy.probe("prefill", batch=3, q_len=150, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            kv_len=table.shape[1] * 16 if paged else 400, page_size=16 if paged else 0).plan
+
+    default, default_plan = run(), probed()
+    policy.set_staging(sm90=False)
+    mma, mma_plan = run(), probed()
+    policy.set_staging(sm90=True)
+    assert_bitwise_equal(run(), default, "sm90 switch back on vs default")
     for out, what in ((default, "default kernel"), (mma, "mma.sync kernel")):
         check_dense(out, q, k, v, kv_lens=lens, is_causal=causal, what=what)
+    assert mma_plan["kernel"] == "mma"
     if sm90_prefill_kernel_applies():
-        assert not torch.equal(default, mma), "ASTRAI_PREFILL_SM90=0 did not change the kernel on an sm_90 GPU"
+        assert default_plan["kernel"] == "sm90"
+        assert not torch.equal(default, mma), "set_staging(sm90=False) did not change the kernel on an sm_90 GPU"
     else:
-        assert_bitwise_equal(default, mma, "the knob changed a GPU without the sm_90a kernel")
+        assert default_plan["kernel"] == "mma"
+        assert_bitwise_equal(default, mma, "the switch changed a GPU without the sm_90a kernel")
     q64, k64, v64 = rand_bf16(2, 70, 8, 64), rand_bf16(2, 90, 2, 64), rand_bf16(2, 90, 2, 64)
-    monkeypatch.setenv("ASTRAI_PREFILL_SM90", "0")
+    policy.set_staging(sm90=False)
     off = ops.attn_prefill(q64, k64, v64, is_causal=causal)
-    monkeypatch.delenv("ASTRAI_PREFILL_SM90")
-    assert_bitwise_equal(ops.attn_prefill(q64, k64, v64, is_causal=causal), off, "head_dim 64 ignores the knob")
+    policy.reset()
+    assert_bitwise_equal(ops.attn_prefill(q64, k64, v64, is_causal=causal), off, "head_dim 64 ignores the switch")
 
 
-def same_bits_without_tma(monkeypatch, run, what):
-    """run() by default, and again with ASTRAI_PREFILL_SM90_TMA=0 (every K/V tile by cp.async): the same bits, and
+def test_probe_names_the_kernels_the_op_launches(policy):
+    """The plan probe() reports is the one the op launches: the profiler sees the kernel it names (and, for
+    decode, a combine exactly when the plan has splits)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(fn):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return " ".join(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+    q, k, v = rand_bf16(2, 300, 32, 128), rand_bf16(2, 500, 8, 128), rand_bf16(2, 500, 8, 128)
+    for sm90 in (True, False):
+        policy.set_staging(sm90=sm90)
+        plan = policy.probe("prefill", batch=2, q_len=300, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                            kv_len=500).plan
+        names = kernels(lambda: ops.attn_prefill(q, k, v, is_causal=True))
+        assert ("prefill_bf16_sm90_kernel" in names) == (plan["kernel"] == "sm90"), (plan, names)
+        assert ("prefill_bf16_kernel" in names) == (plan["kernel"] == "mma"), (plan, names)
+    qd = rand_bf16(4, 32, 128)
+    for length, split in ((4096, 0), (300, 0), (4096, 8192)):
+        kd, vd = rand_bf16(4, length, 8, 128), rand_bf16(4, length, 8, 128)
+        plan = policy.probe("decode", batch=4, num_q_heads=32, num_kv_heads=8, head_dim=128, kv_len=length,
+                            kv_split_size=split).plan
+        names = kernels(lambda: ops.attn_decode(qd, kd, vd, kv_split_size=split))
+        assert ("decode_combine_kernel" in names) == (plan["splits"] > 1), (plan, names)
+
+
+def same_bits_without_tma(policy, run, what):
+    """run() by default, and again with set_staging(tma=False) (every K/V tile by cp.async): the same bits, and
     finite. Returns the default output."""
     default = run()
-    monkeypatch.setenv("ASTRAI_PREFILL_SM90_TMA", "0")
+    policy.set_staging(tma=False)
     copied = run()
-    monkeypatch.delenv("ASTRAI_PREFILL_SM90_TMA")
-    assert_bitwise_equal(copied, default, f"{what}: ASTRAI_PREFILL_SM90_TMA=0 vs default")
+    policy.set_staging(tma=True)
+    assert_bitwise_equal(copied, default, f"{what}: set_staging(tma=False) vs default")
     assert_detects_perturbation(default)
     assert torch.isfinite(default).all(), f"{what}: non-finite output"
     return default
@@ -526,11 +570,11 @@ def same_bits_without_tma(monkeypatch, run, what):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ["dense-lens", "dense-whole-tiles", "views", "ragged"])
-def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
+def test_prefill_tma_switch_same_bits(policy, layout, causal):
     """The sm_90a kernel copies whole tiles of contiguous K/V by TMA and the rest by cp.async;
-    ASTRAI_PREFILL_SM90_TMA=0 copies every tile by cp.async. The same bytes land either way: the same bits, both
+    set_staging(tma=False) copies every tile by cp.async. The same bytes land either way: the same bits, both
     at the truth. Keys past each sequence's length hold NaN in the dense case: a tile that reaches past them must
-    not be copied by TMA (cp.async zero-fills them). Elsewhere the knob changes nothing."""
+    not be copied by TMA (cp.async zero-fills them). Elsewhere the switch changes nothing."""
     if layout == "ragged":
         q_lens = [70, 10, 300]
         q, k, v, qo, kv, ks, vs = ragged_inputs(q_lens, [100, 10, 500], (32, 8), 128)
@@ -560,15 +604,15 @@ def test_prefill_tma_knob_same_bits(monkeypatch, layout, causal):
         def check(out, what):
             check_dense(out, q, k, v, kv_lens=lens, is_causal=causal, what=what)
 
-    check(same_bits_without_tma(monkeypatch, run, layout), f"{layout}, default copies")
+    check(same_bits_without_tma(policy, run, layout), f"{layout}, default copies")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("page_size", [8, 16, 32, 128])
-def test_paged_prefill_tma_knob_same_bits(monkeypatch, page_size, causal):
+def test_paged_prefill_tma_switch_same_bits(policy, page_size, causal):
     """Paged K/V: the sm_90a kernel copies whole tiles by TMA, one box per page's part of a tile (a page id out of
     range is a box outside the cache: zeros, its keys dropped), the tile past the last whole one by cp.async.
-    ASTRAI_PREFILL_SM90_TMA=0 copies every tile by cp.async: the same bits, both at the truth. Keys past each
+    set_staging(tma=False) copies every tile by cp.async: the same bits, both at the truth. Keys past each
     length hold NaN in their pages, and so does every page the table does not name."""
     q = rand_bf16(3, 150, 32, 128)
     k, v = rand_bf16(3, 400, 8, 128), rand_bf16(3, 400, 8, 128)
@@ -587,7 +631,7 @@ def test_paged_prefill_tma_knob_same_bits(monkeypatch, page_size, causal):
     def run():
         return ops.attn_paged_prefill(q, k_cache, v_cache, table, lens, is_causal=causal)
 
-    default = same_bits_without_tma(monkeypatch, run, f"paged ps={page_size}")
+    default = same_bits_without_tma(policy, run, f"paged ps={page_size}")
     check_dense(default, q, k, v, kv_lens=lens, is_causal=causal, valid=valid, what=f"paged ps={page_size}")
 
 
@@ -864,7 +908,7 @@ def test_public_prefill_uses_the_kernels_with_masks_and_lengths():
 
 @pytest.mark.parametrize("what,make,reason", [
     ("fp16", lambda q, k: (q.half(), k.half()), "take bfloat16"),
-    ("head_dim", lambda q, k: (q[..., :96].contiguous(), k[..., :96].contiguous()), "head_dim 96"),
+    ("head_dim", lambda q, k: (q[..., :96].contiguous(), k[..., :96].contiguous()), "head_dim must be 64, 128 or 256, got 96"),
     ("layout", lambda q, k: (rand_bf16(2, 7, 8, 129)[..., 1:], k), "16-byte aligned"),
 ])
 def test_cuda_blocker_reasons_fall_back(what, make, reason):
