@@ -152,3 +152,15 @@ def test_the_blocker_asks_the_library():
     """CudaBackend's blocker words a shape it cannot take as the library does (it no longer keeps its own list)."""
     assert not hasattr(ops, "HEAD_DIMS")
     assert backend.attention_plan.shapes_reason(96, 8, 2) == "head_dim must be 64, 128 or 256, got 96"
+
+
+def test_kv_heads_of_a_packed_call():
+    """The blocker asks about the call's kv heads: K/V [Tkv, Hkv, D] when packed, [B, L, Hkv, D] otherwise."""
+    q, k = torch.zeros(30, 8, 128, dtype=torch.bfloat16), torch.zeros(40, 2, 128, dtype=torch.bfloat16)
+    qo, kv = torch.tensor([0, 10, 30], dtype=torch.int32), torch.tensor([0, 15, 40], dtype=torch.int32)
+    packed = backend._canonical(q, k, k, None, None, None, True, None, None, None, qo, kv)
+    assert packed.packed and packed.num_kv_heads == 2
+    dense = backend._canonical(q.view(3, 10, 8, 128), k.view(2, 20, 2, 128)[:1].expand(3, 20, 2, 128),
+                               k.view(2, 20, 2, 128)[:1].expand(3, 20, 2, 128), None, None, None, True, None, None,
+                               None)
+    assert dense.num_kv_heads == 2

@@ -101,7 +101,8 @@ class AttnCall:
 
     @property
     def num_kv_heads(self) -> int:
-        return self.kv_cache.num_kv_heads if self.kv_cache is not None else self.k.shape[2]
+        # k: [B, L, Hkv, D], or [Tkv, Hkv, D] for packed sequences
+        return self.kv_cache.num_kv_heads if self.kv_cache is not None else self.k.shape[-2]
 
     @property
     def kv_dtype(self) -> torch.dtype:
