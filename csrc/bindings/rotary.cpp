@@ -1,9 +1,11 @@
-// Stable-ABI registration of the rotary ops: validate, pack RotaryParams, launch on the current stream.
+// Stable-ABI registration of the rotary ops: validate, pack RotaryParams, plan the launch (rotary_plan), launch on
+// the current stream; and the tensor-free rotary_plan op (what probe() asks).
 #include <cstdint>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
@@ -51,12 +53,14 @@ bool may_overlap(const Tensor& q, const Tensor& k) {
   return true;
 }
 
-std::string config_str(const RotaryParams& p, int32_t device_index) {
+std::string config_str(const RotaryParams& p, const RotaryLaunch& plan, int32_t device_index) {
   std::ostringstream s;
   s << "rotary_bf16 (T=" << p.num_tokens << ", Hq=" << p.num_q_heads << ", Hk=" << p.num_k_heads
     << ", D=" << p.head_dim << ", " << (p.interleaved ? "interleaved" : "neox")
     << ", positions=" << (p.positions_ptr == nullptr ? "none" : p.positions_int64 ? "int64" : "int32")
-    << ", cos rows=" << p.num_rows << ", device=cuda:" << device_index << ")";
+    << ", cos rows=" << p.num_rows << ", plan: pairs=" << plan.pairs << (plan.vec_cs ? " vec_cs" : "") << " block=("
+    << plan.block_x << ", " << plan.block_y << ", " << plan.block_z << ") blocks=" << plan.blocks
+    << ", device=cuda:" << device_index << ")";
   return s.str();
 }
 
@@ -185,8 +189,31 @@ Tensor new_output(const Tensor& like, void** ptr, int64_t* token_stride, int64_t
 
 void launch(const char* op, const RotaryParams& p, int32_t device_index) {
   if (p.num_tokens == 0 || p.num_q_heads + p.num_k_heads == 0 || p.head_dim == 0) return;
+  RotaryTarget target{};
+  binding::check_cuda_status(rotary_device_target(device_index, &target), op,
+                             "querying the device facts of cuda:" + std::to_string(device_index));
+  const RotaryLaunch plan = rotary_plan(rotary_shape_of(p), target);  // the explicit plan the launcher takes
   const cudaStream_t stream = binding::current_cuda_stream(op, device_index);
-  binding::check_cuda_status(rotary_bf16_launch(p, stream), op, config_str(p, device_index));
+  binding::check_cuda_status(rotary_bf16_launch(p, plan, stream), op, config_str(p, plan, device_index));
+}
+
+// The plan the rotary ops launch for a call of this shape on a device of (sm_count, threads_per_sm):
+// [pairs, vec_cs, block_x, block_y, block_z, blocks]. vec_x / vec_cs: what the call's pointers and strides allow
+// (16-byte aligned q/k with strides multiples of 8 elements; cos/sin aligned with row strides multiples of 4).
+// No tensors: callable on the CPU.
+std::vector<int64_t> rotary_plan_op(int64_t num_tokens, int64_t num_q_heads, int64_t num_k_heads, int64_t head_dim,
+                                    bool interleaved, bool vec_x, bool vec_cs, int64_t sm_count,
+                                    int64_t threads_per_sm) {
+  const char* op = "astrai.rotary_plan";
+  check(num_tokens >= 0 && num_q_heads >= 0 && num_k_heads >= 0 && num_q_heads + num_k_heads <= INT32_MAX, op,
+        "num_tokens and the head counts must be >= 0 (heads fitting in int32), got ", num_tokens, ", ", num_q_heads,
+        ", ", num_k_heads);
+  check(head_dim >= 2 && head_dim % 2 == 0 && head_dim <= INT32_MAX, op, "head_dim must be even and >= 2, got ",
+        head_dim);
+  const RotaryShape shape{num_tokens, int32_t(num_q_heads), int32_t(num_k_heads), int32_t(head_dim), interleaved,
+                          vec_x, vec_cs, 0};
+  const RotaryLaunch l = rotary_plan(shape, RotaryTarget{int(sm_count), int(threads_per_sm)});
+  return {l.pairs, l.vec_cs ? 1 : 0, l.block_x, l.block_y, l.block_z, l.blocks};
 }
 
 Tensor rotary_embedding_cuda(const Tensor& q, const Tensor& cos, const Tensor& sin,
@@ -250,6 +277,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "rotary_embedding_(Tensor(a!) q, Tensor(b!)? k, Tensor cos, Tensor sin, Tensor? positions, "
       "bool interleaved) -> ()");
+  m.def(
+      "rotary_plan(int num_tokens, int num_q_heads, int num_k_heads, int head_dim, bool interleaved, bool vec_x, "
+      "bool vec_cs, int sm_count, int threads_per_sm) -> int[]");
+}
+
+// No tensor arguments: one kernel for every backend.
+STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
+  m.impl("rotary_plan", TORCH_BOX(&astrai::rotary_plan_op));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

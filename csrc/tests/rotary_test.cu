@@ -18,6 +18,15 @@
 
 namespace {
 
+// The launch the policy plans for p on the current device (what the op does).
+astrai::RotaryLaunch plan_of(const astrai::RotaryParams& p) {
+  int device = 0;
+  astrai::RotaryTarget target{};
+  TEST_CUDA_CHECK(cudaGetDevice(&device));
+  TEST_CUDA_CHECK(astrai::rotary_device_target(device, &target));
+  return astrai::rotary_plan(astrai::rotary_shape_of(p), target);
+}
+
 using astrai::RotaryParams;
 using namespace astrai_test;
 
@@ -381,7 +390,7 @@ ErrorStats run_case(const Case& c, Rng& rng) {
   p.interleaved = c.interleaved;
   p.max_blocks = c.max_blocks;
 
-  const cudaError_t launch_status = astrai::rotary_bf16_launch(p, nullptr);
+  const cudaError_t launch_status = astrai::rotary_bf16_launch(p, plan_of(p), nullptr);
   if (launch_status != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(launch_status));
     return s;
@@ -514,13 +523,23 @@ bool check_rejections() {
   p.num_rows = 1;
   p.num_q_heads = 1;
   p.head_dim = 7;
-  bool ok = astrai::rotary_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  bool ok = astrai::rotary_bf16_launch(p, plan_of(p), nullptr) == cudaErrorInvalidValue;
   p.head_dim = 8;
   p.num_k_heads = 1;  // k pointers missing
-  ok = ok && astrai::rotary_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && astrai::rotary_bf16_launch(p, plan_of(p), nullptr) == cudaErrorInvalidValue;
   p.num_k_heads = 0;
   p.num_rows = 2;  // no positions: one row per token is required
-  ok = ok && astrai::rotary_bf16_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && astrai::rotary_bf16_launch(p, plan_of(p), nullptr) == cudaErrorInvalidValue;
+  // Valid params, a plan they do not allow: refused before any launch.
+  p.num_rows = 1;
+  p.head_dim = 64;
+  const astrai::RotaryLaunch good = plan_of(p);
+  astrai::RotaryLaunch bad = good;
+  bad.block_x = 1024;  // more threads than the kernel's bound
+  ok = ok && good.pairs == 8 && astrai::rotary_bf16_launch(p, bad, nullptr) == cudaErrorInvalidValue;
+  p.q_ptr = reinterpret_cast<const char*>(dummy) + 2;  // x no longer 16-byte aligned: pairs 8 is not allowed
+  ok = ok && astrai::rotary_bf16_launch(p, good, nullptr) == cudaErrorInvalidValue;
+  ok = ok && plan_of(p).pairs == 1;
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launcher rejects inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");

@@ -27,6 +27,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from astrai.extension import loader
@@ -199,6 +201,39 @@ def rotary_embedding_(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor
     cos, sin, positions = _freqs(q, cos, sin, positions)
     _check(OP_INPLACE, cos, positions, check_positions)
     torch.ops.astrai.rotary_embedding_(q3, k3, cos, sin, positions, interleaved)
+
+
+class RotaryPlan(NamedTuple):
+    """The explicit plan a rotary launch takes (csrc/kernels/rotary/rotary.h, rotary_plan)."""
+
+    pairs: int    # rotation pairs a thread moves at a time: 8 or 4 (16-byte runs of q/k) or 1 (scalar)
+    vec_cs: bool  # cos/sin in 16-byte runs
+    block: tuple  # (threads across a head's chunks, across heads, tokens a block)
+    blocks: int   # the grid; tokens past it loop
+
+
+def probe(num_tokens: int, num_q_heads: int, head_dim: int, *, num_k_heads: int = 0, interleaved: bool = False,
+          vec_x: bool = True, vec_cs: bool = True, device=None, sm_count: int | None = None,
+          threads_per_sm: int | None = None) -> RotaryPlan:
+    """The plan the rotary ops launch for a call of these sizes: the library's own rule, asked without tensors.
+    vec_x: q/k (and the outputs) 16-byte aligned with token and head strides multiples of 8 elements (contiguous
+    tensors are); vec_cs: cos/sin 16-byte aligned with row strides multiples of 4. `sm_count` and
+    `threads_per_sm` describe another device (default: `device`'s, the current CUDA device).
+
+    Example
+    -------
+    >>> probe(4096, 32, 128, num_k_heads=8, sm_count=132, threads_per_sm=2048)   # an H200
+    RotaryPlan(pairs=8, vec_cs=True, block=(8, 20, 1), blocks=4096)
+    """
+    load()
+    if sm_count is None or threads_per_sm is None:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
+        sm_count = props.multi_processor_count if sm_count is None else sm_count
+        threads_per_sm = props.max_threads_per_multi_processor if threads_per_sm is None else threads_per_sm
+    pairs, cs, bx, by, bz, blocks = torch.ops.astrai.rotary_plan(num_tokens, num_q_heads, num_k_heads, head_dim,
+                                                                 interleaved, vec_x, vec_cs, sm_count,
+                                                                 threads_per_sm)
+    return RotaryPlan(pairs, bool(cs), (bx, by, bz), blocks)
 
 
 def _reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
