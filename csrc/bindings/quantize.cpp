@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
@@ -20,6 +21,13 @@ using binding::check;
 using binding::fail;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
+
+// The explicit plan of a quantize launch (quantize_plan, on the current device), then the launch of exactly it.
+cudaError_t launch_planned(const QuantizeParams& p, cudaStream_t stream) {
+  QuantizeLaunch plan{};
+  const cudaError_t status = quantize_plan(p, &plan);
+  return status != cudaSuccess ? status : quantize_launch(p, plan, stream);
+}
 
 constexpr const char* kOpStatic = "astrai.quantize";
 constexpr const char* kOpDynamic = "astrai.quantize_dynamic";
@@ -163,7 +171,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_cuda(const Tensor& x, const Tensor& 
   p.amax_ptr = a.amax != QuantAmax::kNone ? static_cast<float*>(amax_t.data_ptr()) : nullptr;
   if (M > 0 && N > 0) {
     const cudaStream_t stream = binding::current_cuda_stream(kOpStatic, x.get_device_index());
-    binding::check_cuda_status(quantize_launch(p, stream), kOpStatic,
+    binding::check_cuda_status(launch_planned(p, stream), kOpStatic,
                                config_str("quantize", x, layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
                                           x.get_device_index()));
   }
@@ -215,7 +223,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
     if (M > 0 && N > 0) {
       const cudaStream_t stream = binding::current_cuda_stream(kOpDynamic, dev);
-      binding::check_cuda_status(quantize_launch(p, stream), kOpDynamic, config_str("quantize per row", x, "dynamic", dev));
+      binding::check_cuda_status(launch_planned(p, stream), kOpDynamic, config_str("quantize per row", x, "dynamic", dev));
     } else if (M > 0) {
       // No columns: amax 0, so the multiplier is 1.
       torch::stable::fill_(scale_inv, 1.0);
@@ -238,7 +246,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     p.scale_kind = QuantScale::kFromAmax;
     p.amax_in_ptr = ap.amax_ptr;
     p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
-    binding::check_cuda_status(quantize_launch(p, stream), kOpDynamic, config_str("quantize per tensor", x, "dynamic", dev));
+    binding::check_cuda_status(launch_planned(p, stream), kOpDynamic, config_str("quantize per tensor", x, "dynamic", dev));
   } else {
     torch::stable::fill_(scale_inv, 1.0);
   }
@@ -292,7 +300,7 @@ std::tuple<Tensor, Tensor> quantize_block_cuda(const Tensor& x, ScalarType out_d
     p.scale_inv_row_stride = scale_inv.stride(0);
     p.scale_inv_group_stride = scale_inv.stride(1);
     p.pow2_scale = pow2_scale;
-    binding::check_cuda_status(quantize_launch(p, stream), kOpBlock, config_str("quantize 1x128", x, "dynamic", dev));
+    binding::check_cuda_status(launch_planned(p, stream), kOpBlock, config_str("quantize 1x128", x, "dynamic", dev));
   } else {
     BlockQuantParams p{};
     p.x_ptr = x.data_ptr();
@@ -476,7 +484,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cuda(const Tensor& x
   p.fold_counter_ptr = static_cast<uint32_t*>(workspace.data_ptr());
   p.step_scale_inv_ptr = static_cast<float*>(step_inv.data_ptr());
   const cudaStream_t stream = binding::current_cuda_stream(kOpDelayed, x.get_device_index());
-  binding::check_cuda_status(quantize_launch(p, stream), kOpDelayed,
+  binding::check_cuda_status(launch_planned(p, stream), kOpDelayed,
                              config_str("quantize_delayed", x,
                                         layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
                                         x.get_device_index()));
@@ -489,6 +497,58 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cpu(const Tensor& x,
                                                                 int64_t layout, int64_t margin) {
   validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin);
   fail(kOpDelayed, "x must be a CUDA tensor, got ", binding::device_name(x));
+}
+
+// The plan quantize_launch takes on the current CUDA device for an x of rows x cols: [kernel (0 rows, 1 transpose
+// smem, 2 / 3 transpose regs 8 / 16), vec, threads_per_row, blocks]. in_type 0 bf16, 1 fp16, 2 fp32; out_type 0 e4m3,
+// 1 e5m2, 2 int8; scale_kind as QuantScale (0 tensor, 1 row, 2 column, 3 from amax, 4 dynamic row, 5 dynamic group);
+// vec_x: x (and out) 16-byte aligned with 16-byte aligned rows. No tensors (the device's facts only).
+std::vector<int64_t> quantize_plan_op(int64_t rows, int64_t cols, int64_t in_type, int64_t out_type,
+                                      int64_t scale_kind, bool transposed, bool vec_x, bool fold) {
+  const char* op = "astrai.quantize_plan";
+  check(rows >= 0 && cols >= 0, op, "rows and cols must be >= 0, got ", rows, " x ", cols);
+  check(in_type >= 0 && in_type <= 2, op, "in_type must be 0 (bf16), 1 (fp16) or 2 (fp32), got ", in_type);
+  check(out_type >= 0 && out_type <= 2, op, "out_type must be 0 (e4m3), 1 (e5m2) or 2 (int8), got ", out_type);
+  check(scale_kind >= 0 && scale_kind <= 5, op, "scale_kind must be in [0, 5], got ", scale_kind);
+  alignas(16) static float cell[4] = {};  // addresses only: a plan never reads memory
+  char* base = reinterpret_cast<char*>(cell) + (vec_x ? 0 : 2);
+  static uint32_t counter = 0;
+  static int64_t slot = 0;
+  QuantizeParams p{};
+  p.x_ptr = base;
+  if (transposed) {
+    p.out_t_ptr = base;
+  } else {
+    p.out_ptr = base;
+  }
+  p.rows = rows;
+  p.cols = cols;
+  p.x_row_stride = cols;
+  p.in_type = QuantIn(in_type);
+  p.out_type = QuantOut(out_type);
+  p.scale_kind = QuantScale(scale_kind);
+  p.scale_ptr = cell;
+  p.amax_in_ptr = cell;
+  p.scale_inv_ptr = cell;
+  p.group_cols = 128;
+  p.qmax = 448.0f;
+  if (fold) {
+    p.fold_counter_ptr = &counter;
+    p.amax_kind = QuantAmax::kTensor;
+    p.amax_ptr = cell;
+    p.fold.ring_ptr = cell;
+    p.fold.pos_ptr = &slot;
+    p.fold.len = 1;
+    p.fold.scale_ptr = cell;
+    p.fold.qmax = p.qmax;
+  }
+  QuantizeLaunch plan{};
+  const cudaError_t status = quantize_plan(p, &plan);
+  check(status != cudaErrorInvalidValue, op, "the quantize ops do not take this combination (rows ", rows, ", cols ",
+        cols, ", in_type ", in_type, ", out_type ", out_type, ", scale_kind ", scale_kind,
+        transposed ? ", transposed" : "", fold ? ", fused fold" : "", ")");
+  binding::check_cuda_status(status, op, "planning on the current device");
+  return {int64_t(plan.kernel), plan.vec ? 1 : 0, plan.threads_per_row, plan.blocks};
 }
 
 }  // namespace
@@ -510,6 +570,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "quantize_delayed(Tensor x, Tensor(a!) scale, Tensor(b!) ring, Tensor(c!) pos, Tensor(d!)? scale_inv, "
       "Tensor(e!) workspace, ScalarType out_dtype, int layout, int margin) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "quantize_plan(int rows, int cols, int in_type, int out_type, int scale_kind, bool transposed, bool vec_x, "
+      "bool fold) -> int[]");
+}
+
+// No tensor arguments: one kernel for every backend (it plans for the current CUDA device).
+STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
+  m.impl("quantize_plan", TORCH_BOX(&astrai::quantize_plan_op));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

@@ -23,6 +23,20 @@ namespace {
 using namespace astrai;
 using namespace astrai_test;
 
+// The plan the op takes (quantize_plan, on the current device), then the launch of exactly it.
+cudaError_t planned(const QuantizeParams& p, cudaStream_t stream = nullptr) {
+  QuantizeLaunch plan{};
+  const cudaError_t status = quantize_plan(p, &plan);
+  return status != cudaSuccess ? status : quantize_launch(p, plan, stream);
+}
+
+// A transposed call on the register or shared-memory variant the case names (-1 by size, 0, 8, 16).
+cudaError_t planned_variant(const QuantizeParams& p, int variant, bool persistent) {
+  QuantizeLaunch plan{};
+  const cudaError_t status = quantize_detail::quantize_transpose_plan(p, variant, persistent, &plan);
+  return status != cudaSuccess ? status : quantize_launch(p, plan, nullptr);
+}
+
 // ---- host reference ---------------------------------------------------------------------------------------
 
 float bits_to_float(uint32_t u) {
@@ -168,7 +182,7 @@ struct Case {
   int64_t offset = 0;   // x base offset in elements (odd: misaligned, element path)
   bool pow2 = false;
   int max_blocks = 0;
-  int transpose_variant = -2;  // >= -1: quantize_transpose_launch_variant (-1 by size, 0, 8, 16) instead of quantize_launch
+  int transpose_variant = -2;  // >= -1: the transpose plan of that variant (-1 by size, 0, 8, 16), not quantize_plan
   bool persistent = false;     // with transpose_variant: the resident grid
 
   std::string name() const {
@@ -302,8 +316,8 @@ ErrorStats run_case(const Case& c, Rng& rng) {
     }
     if (st == cudaSuccess) {
       st = c.transpose_variant >= -1 && p.out_t_ptr != nullptr
-               ? quantize_detail::quantize_transpose_launch_variant(p, nullptr, c.transpose_variant, c.persistent)
-               : quantize_launch(p, nullptr);
+               ? planned_variant(p, c.transpose_variant, c.persistent)
+               : planned(p);
     }
   }
   if (st != cudaSuccess) {
@@ -567,11 +581,11 @@ bool check_rejections() {
   p.x_row_stride = 16;
   p.qmax = 448.0f;
   p.scale_kind = QuantScale::kTensor;  // scale_ptr missing
-  bool ok = quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  bool ok = planned(p) == cudaErrorInvalidValue;
   p.scale_ptr = dummy;
   p.out_type = QuantOut::kInt8;
   p.out_t_ptr = dummy;  // int8 transposed
-  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && planned(p) == cudaErrorInvalidValue;
   // The fused fold: per-tensor multiplier and amax, fp8, a ring whose scale is the multiplier.
   p.out_t_ptr = nullptr;
   p.out_type = QuantOut::kE4M3;
@@ -583,16 +597,16 @@ bool check_rejections() {
   p.fold.len = 4;
   p.fold.qmax = 448.0f;
   p.fold.scale_ptr = dummy + 1;  // not the multiplier
-  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && planned(p) == cudaErrorInvalidValue;
   p.fold.scale_ptr = dummy;
   p.scale_kind = QuantScale::kRow;  // not per tensor
-  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && planned(p) == cudaErrorInvalidValue;
   p.scale_kind = QuantScale::kTensor;
   p.out_type = QuantOut::kInt8;  // not fp8
-  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && planned(p) == cudaErrorInvalidValue;
   p.out_type = QuantOut::kE4M3;
   p.fold.ring_ptr = nullptr;  // no ring
-  ok = ok && quantize_launch(p, nullptr) == cudaErrorInvalidValue;
+  ok = ok && planned(p) == cudaErrorInvalidValue;
   BlockQuantParams b{};
   b.x_ptr = dummy;
   b.out_ptr = dummy;
@@ -601,6 +615,32 @@ bool check_rejections() {
   b.cols = 100;  // not a multiple of 128
   b.qmax = 448.0f;
   ok = ok && quantize_block128_launch(b, nullptr) == cudaErrorInvalidValue;
+  // Valid params, a plan they do not allow: refused before any launch.
+  QuantizeParams r{};
+  r.x_ptr = dummy;
+  r.out_ptr = dummy;
+  r.scale_ptr = dummy;
+  r.rows = 1;
+  r.cols = 16;
+  r.x_row_stride = 16;
+  r.qmax = 448.0f;
+  r.scale_kind = QuantScale::kTensor;
+  QuantizeLaunch good{};
+  ok = ok && quantize_plan(r, &good) == cudaSuccess && good.kernel == QuantizeKernel::kRows && good.vec;
+  QuantizeLaunch bad = good;
+  bad.threads_per_row = 12;  // not a power of two
+  ok = ok && quantize_launch(r, bad, nullptr) == cudaErrorInvalidValue;
+  bad = good;
+  bad.kernel = QuantizeKernel::kTransposeRegs8;  // no transposed output
+  ok = ok && quantize_launch(r, bad, nullptr) == cudaErrorInvalidValue;
+  r.x_ptr = reinterpret_cast<const char*>(dummy) + 2;  // misaligned x: the 16-byte variant is not allowed
+  ok = ok && quantize_launch(r, good, nullptr) == cudaErrorInvalidValue;
+  r.x_ptr = dummy;
+  r.out_ptr = nullptr;
+  r.out_t_ptr = dummy;
+  r.in_type = QuantIn::kF32;
+  bad = QuantizeLaunch{QuantizeKernel::kTransposeRegs16, false, 0, 1};  // bf16 input only
+  ok = ok && quantize_launch(r, bad, nullptr) == cudaErrorInvalidValue;
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launchers reject inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");

@@ -30,6 +30,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from astrai.extension import loader
@@ -113,6 +115,41 @@ _FAKES = {"astrai::quantize": _fake_quantize,
 def load() -> bool:
     """Load the family once, with its fakes; loader.FamilyUnavailableError (saying why) when no image serves it."""
     return load_family_once(FAMILY, OP, _FAKES)
+
+
+class QuantizePlan(NamedTuple):
+    """The explicit plan a quantize launch takes (csrc/kernels/quantize/quantize.h, quantize_plan)."""
+
+    kernel: str           # "rows", "transpose-smem", "transpose-regs8" or "transpose-regs16"
+    vec: bool             # 16-byte runs of x (and of the row-major output)
+    threads_per_row: int  # the rows kernel's block: (threads_per_row, 256 / threads_per_row); 0 for a transpose
+    blocks: int           # the grid; blocks loop past it
+
+
+PLAN_KERNELS = ("rows", "transpose-smem", "transpose-regs8", "transpose-regs16")
+_PLAN_IN = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+_PLAN_OUT = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1, torch.int8: 2}
+# The scale kinds of the library's QuantScale, by what the ops call them.
+PLAN_SCALES = {"tensor": 0, "row": 1, "column": 2, "from-amax": 3, "dynamic-row": 4, "dynamic-group": 5}
+
+
+def probe(rows: int, cols: int, *, in_dtype: torch.dtype = torch.bfloat16,
+          out_dtype: torch.dtype = torch.float8_e4m3fn, scale: str = "tensor", transposed: bool = False,
+          aligned: bool = True, fold: bool = False) -> QuantizePlan:
+    """The plan a quantize launch takes on the current CUDA device for an x of rows x cols: the library's own rule,
+    asked without tensors. `scale`: one of PLAN_SCALES (what multiplies each element: `quantize`'s tensor / row /
+    column scale, `quantize_dynamic`'s second pass "from-amax" or its one pass "dynamic-row", `quantize_block`'s
+    1 x 128 groups "dynamic-group"); `transposed`: the out_t of layouts "transposed" / "dual"; `aligned`: x and
+    the output 16-byte aligned with rows starting 16-byte aligned (contiguous tensors of whole 16-byte rows are);
+    `fold`: `quantize_delayed`'s fused amax fold."""
+    load()
+    for name, table, value in (("in_dtype", _PLAN_IN, in_dtype), ("out_dtype", _PLAN_OUT, out_dtype),
+                               ("scale", PLAN_SCALES, scale)):
+        if value not in table:
+            raise ValueError(f"probe: {name} must be one of {list(table)}, got {value!r}")
+    kernel, vec, tpr, blocks = torch.ops.astrai.quantize_plan(rows, cols, _PLAN_IN[in_dtype], _PLAN_OUT[out_dtype],
+                                                              PLAN_SCALES[scale], transposed, aligned, fold)
+    return QuantizePlan(PLAN_KERNELS[kernel], bool(vec), tpr, blocks)
 
 
 def _as_2d(x: torch.Tensor) -> torch.Tensor:

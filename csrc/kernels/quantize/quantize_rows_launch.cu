@@ -1,7 +1,10 @@
-// Launchers of the row-major quantize kernel and the per-tensor amax pass; quantize_launch validates the
-// params and routes transposed layouts to the tiled-transpose kernel.
+// Launchers of the row-major quantize kernel and the per-tensor amax pass; quantize_plan picks a quantize_launch's
+// kernel, variant and grid (transposed layouts: the tiled-transpose kernels), quantize_launch runs exactly that plan.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
@@ -22,14 +25,15 @@ bool vec_rows(const void* x, int64_t row_stride, int64_t cols, QuantIn t) {
   return aligned16(x) && (row_stride * in_bytes(t)) % 16 == 0 && cols % kStep == 0;
 }
 
+// The rows kernel's plan: threads per row (a power of two in [8, 256]) and the grid. Static multipliers: two loop
+// iterations of kUnroll steps (fewer threads per row, each with more bytes in flight, beat one iteration:
+// docs/benchmarks.md, quantize section). Groups: one iteration. Dynamic rows: the smallest that holds the row in the
+// register cache (two warps for N = 4096 bf16), on a persistent grid (the prefetch of each block's next rows needs
+// blocks that loop).
 template <QuantIn kIn, QuantOut kOut, bool kVec>
-cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
+cudaError_t plan_rows(const QuantizeParams& p, QuantizeLaunch* plan) {
   using quantize::RowsMode;
   const int64_t steps = (p.cols + kStep - 1) / kStep;
-  // Threads per row: a power of two in [8, 256], the smallest that covers the row in per_thread steps each.
-  // Static multipliers: two loop iterations of kUnroll steps (fewer threads per row, each with more bytes in
-  // flight, beat one iteration: docs/benchmarks.md, quantize section). Groups: one iteration. Dynamic rows: the
-  // smallest that holds the row in the register cache (two warps for N = 4096 bf16).
   const int per_thread = p.scale_kind == QuantScale::kDynamicRow     ? quantize::row_cache_steps(kIn)
                          : p.scale_kind == QuantScale::kDynamicGroup ? quantize::kUnroll
                                                                      : 2 * quantize::kUnroll;
@@ -38,24 +42,31 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
   const int rpb = kRowsBlockThreads / tpr;
   int64_t grid = 0;
   ASTRAI_CUDA_TRY(quantize_detail::grid_for((p.rows + rpb - 1) / rpb, kRowsBlockThreads, p.max_blocks, &grid));
-  const dim3 block(tpr, rpb);
-  if (p.scale_kind == QuantScale::kDynamicRow) {
+  if (p.scale_kind == QuantScale::kDynamicRow && quantize::rows_prefetch_default<RowsMode::kDynamicRow>() &&
+      p.max_blocks == 0) {
     const auto kernel = &quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kDynamicRow>;
-    if (quantize::rows_prefetch_default<RowsMode::kDynamicRow>() && p.max_blocks == 0) {
-      // Persistent grid: the prefetch of each block's next rows needs blocks that loop.
-      DeviceFacts facts{};
-      ASTRAI_CUDA_TRY(current_device_facts(&facts));
-      const int sm_count = facts.sm_count;
-      int resident = 0;
-      ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
-                                                                    kRowsBlockThreads, 0));
-      if (resident > 0) grid = std::min<int64_t>(grid, int64_t(resident) * sm_count);
-    }
-    kernel<<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+    DeviceFacts facts{};
+    ASTRAI_CUDA_TRY(current_device_facts(&facts));
+    int resident = 0;
+    ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
+                                                                  kRowsBlockThreads, 0));
+    if (resident > 0) grid = std::min<int64_t>(grid, int64_t(resident) * facts.sm_count);
+  }
+  *plan = QuantizeLaunch{QuantizeKernel::kRows, kVec, tpr, grid};
+  return cudaSuccess;
+}
+
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+cudaError_t launch_rows(const QuantizeParams& p, const QuantizeLaunch& l, cudaStream_t stream) {
+  using quantize::RowsMode;
+  const dim3 grid(unsigned(l.blocks));
+  const dim3 block(l.threads_per_row, kRowsBlockThreads / l.threads_per_row);
+  if (p.scale_kind == QuantScale::kDynamicRow) {
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kDynamicRow><<<grid, block, 0, stream>>>(p);
   } else if (p.scale_kind == QuantScale::kDynamicGroup) {
-    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kGroup><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kGroup><<<grid, block, 0, stream>>>(p);
   } else if (p.scale_kind == QuantScale::kColumn) {
-    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kColumn><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kColumn><<<grid, block, 0, stream>>>(p);
   } else if (p.fold_counter_ptr != nullptr) {
     if constexpr (kOut != QuantOut::kInt8) {  // the fused fold: fp8 only (params_valid)
       using quantize::row_cache_steps;
@@ -63,26 +74,37 @@ cudaError_t launch_rows(const QuantizeParams& p, cudaStream_t stream) {
       using quantize::rows_prefetch_default;
       quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kStatic, rows_min_blocks<kIn, kVec, RowsMode::kStatic>(),
                                      rows_prefetch_default<RowsMode::kStatic>(), row_cache_steps(kIn), true>
-          <<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+          <<<grid, block, 0, stream>>>(p);
     }
   } else {
-    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kStatic><<<dim3(unsigned(grid)), block, 0, stream>>>(p);
+    quantize::quantize_rows_kernel<kIn, kOut, kVec, RowsMode::kStatic><<<grid, block, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
-template <QuantIn kIn, QuantOut kOut>
-cudaError_t launch_rows_vec(const QuantizeParams& p, cudaStream_t stream) {
-  const bool vec = vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type) && (p.out_ptr == nullptr || aligned16(p.out_ptr));
-  return vec ? launch_rows<kIn, kOut, true>(p, stream) : launch_rows<kIn, kOut, false>(p, stream);
+// 16-byte moves of the rows kernel: x and out 16-byte aligned, rows start 16-byte aligned, whole 16-element steps.
+bool rows_vec_allowed(const QuantizeParams& p) {
+  return vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type) && (p.out_ptr == nullptr || aligned16(p.out_ptr));
 }
 
-template <QuantIn kIn>
-cudaError_t launch_rows_out(const QuantizeParams& p, cudaStream_t stream) {
-  switch (p.out_type) {
-    case QuantOut::kE4M3: return launch_rows_vec<kIn, QuantOut::kE4M3>(p, stream);
-    case QuantOut::kE5M2: return launch_rows_vec<kIn, QuantOut::kE5M2>(p, stream);
-    case QuantOut::kInt8: return launch_rows_vec<kIn, QuantOut::kInt8>(p, stream);
+// f(in, out, vec) with the call's types as integral constants (one dispatch for the plan and the launch).
+template <class F>
+cudaError_t with_rows_types(const QuantizeParams& p, bool vec, F&& f) {
+  auto with_vec = [&](auto in, auto out) {
+    return vec ? f(in, out, std::true_type{}) : f(in, out, std::false_type{});
+  };
+  auto with_out = [&](auto in) {
+    switch (p.out_type) {
+      case QuantOut::kE4M3: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE4M3>{});
+      case QuantOut::kE5M2: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE5M2>{});
+      case QuantOut::kInt8: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kInt8>{});
+    }
+    return cudaErrorInvalidValue;
+  };
+  switch (p.in_type) {
+    case QuantIn::kBF16: return with_out(std::integral_constant<QuantIn, QuantIn::kBF16>{});
+    case QuantIn::kF16: return with_out(std::integral_constant<QuantIn, QuantIn::kF16>{});
+    case QuantIn::kF32: return with_out(std::integral_constant<QuantIn, QuantIn::kF32>{});
   }
   return cudaErrorInvalidValue;
 }
@@ -120,7 +142,34 @@ bool params_valid(const QuantizeParams& p) {
 
 }  // namespace
 
-cudaError_t quantize_launch(const QuantizeParams& p, cudaStream_t stream) {
+cudaError_t quantize_plan(const QuantizeParams& p, QuantizeLaunch* plan) {
+  *plan = QuantizeLaunch{QuantizeKernel::kRows, false, 0, 0};
+  if (!params_valid(p)) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;  // no quantize kernel (a fused fold's own launch)
+  if (p.out_t_ptr != nullptr) {
+    return quantize_detail::quantize_transpose_plan(p, plan);
+  }
+  return with_rows_types(p, rows_vec_allowed(p), [&](auto in, auto out, auto vec) {
+    return plan_rows<decltype(in)::value, decltype(out)::value, decltype(vec)::value>(p, plan);
+  });
+}
+
+std::string quantize_launch_unfit(const QuantizeParams& p, const QuantizeLaunch& l) {
+  if (p.rows == 0 || p.cols == 0) return std::string();  // nothing to plan
+  if (l.blocks < 1 || l.blocks > INT32_MAX) return "blocks must be in [1, 2^31), got " + std::to_string(l.blocks);
+  if (l.kernel != QuantizeKernel::kRows) return quantize_detail::quantize_transpose_unfit(p, l);
+  if (p.out_t_ptr != nullptr) return "a transposed output takes a transpose kernel, not the rows kernel";
+  if (l.vec && !rows_vec_allowed(p)) {
+    return "vec needs x and out 16-byte aligned, rows starting 16-byte aligned and cols a multiple of 16";
+  }
+  const int tpr = l.threads_per_row;
+  if (tpr < 8 || tpr > kRowsBlockThreads || (tpr & (tpr - 1)) != 0) {
+    return "threads_per_row must be a power of two in [8, 256], got " + std::to_string(tpr);
+  }
+  return std::string();
+}
+
+cudaError_t quantize_launch(const QuantizeParams& p, const QuantizeLaunch& l, cudaStream_t stream) {
   if (!params_valid(p)) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) {
     // Nothing to cast; a fused fold still takes this step's amax (0): one block of the fold kernel.
@@ -134,13 +183,11 @@ cudaError_t quantize_launch(const QuantizeParams& p, cudaStream_t stream) {
     }
     return amax_history_fold_launch(f, stream);
   }
-  if (p.out_t_ptr != nullptr) return quantize_detail::quantize_transpose_launch(p, stream);
-  switch (p.in_type) {
-    case QuantIn::kBF16: return launch_rows_out<QuantIn::kBF16>(p, stream);
-    case QuantIn::kF16: return launch_rows_out<QuantIn::kF16>(p, stream);
-    case QuantIn::kF32: return launch_rows_out<QuantIn::kF32>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  if (!quantize_launch_unfit(p, l).empty()) return cudaErrorInvalidValue;
+  if (l.kernel != QuantizeKernel::kRows) return quantize_detail::quantize_transpose_launch(p, l, stream);
+  return with_rows_types(p, l.vec, [&](auto in, auto out, auto vec) {
+    return launch_rows<decltype(in)::value, decltype(out)::value, decltype(vec)::value>(p, l, stream);
+  });
 }
 
 namespace {

@@ -459,9 +459,4 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 
 }  // namespace quantize
 
-namespace quantize_detail {
-// quantize_transpose_launch with the kernel picked by the caller (tests, sweep) rather than kTransposeVariant:
-// variant -1 (by size), 0, 8 or 16 and persistent as kTransposeVariant and kRegPersistent.
-cudaError_t quantize_transpose_launch_variant(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent);
-}  // namespace quantize_detail
 }  // namespace astrai

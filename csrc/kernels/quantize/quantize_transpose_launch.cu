@@ -1,5 +1,8 @@
-// Launcher of the transposed fp8 quantize kernels (layouts 1 and 2): shared-memory tile or register transpose.
+// Plan and launcher of the transposed fp8 quantize kernels (layouts 1 and 2): shared-memory tile or register
+// transpose, the variant and grid picked by quantize_transpose_plan, launched as planned.
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
@@ -14,112 +17,163 @@ using quantize::kTileCols;
 using quantize::kTileRows;
 using quantize::kTransposeThreads;
 
-template <QuantIn kIn, QuantOut kOut, bool kVec>
-cudaError_t launch_smem(const QuantizeParams& p, cudaStream_t stream) {
-  const int64_t tiles = ((p.rows + kTileRows - 1) / kTileRows) * ((p.cols + kTileCols - 1) / kTileCols);
-  int64_t grid = 0;
-  ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, kTransposeThreads, p.max_blocks, &grid));
-  // Persistent grid: at most the blocks that are resident at once (each prefetches its next tile while it
-  // transposes and stores this one, which pays only when a block has several tiles). Not balanced with
-  // quantize::transpose_grid, which was slower (docs/benchmarks.md, quantize section).
-  DeviceFacts facts{};
-  ASTRAI_CUDA_TRY(current_device_facts(&facts));
-  const int sm_count = facts.sm_count;
-  int resident = 0;
-  ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &resident, reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<kIn, kOut, kVec>), kTransposeThreads, 0));
-  if (resident > 0 && grid > int64_t(resident) * sm_count) grid = int64_t(resident) * sm_count;
-  quantize::quantize_transpose_kernel<kIn, kOut, kVec><<<dim3(unsigned(grid)), dim3(kTransposeThreads), 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-// One block per reg_tile_rows<kR>() x kRegTileCols tile (persistent: at most the resident blocks, looping over tiles).
 template <QuantIn kIn, QuantOut kOut, bool kVec, int kR>
-cudaError_t launch_regs(const QuantizeParams& p, bool persistent, cudaStream_t stream) {
+auto regs_kernel(const QuantizeParams& p) {
   using quantize::kRegLanes;
   using quantize::kRegThreads;
   using quantize::reg_min_blocks;
   // The fused fold (fold_counter_ptr) is its own instantiation.
-  const auto kernel = p.fold_counter_ptr != nullptr
-                          ? &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR, false, kRegThreads / 32,
-                                                                      reg_min_blocks<kIn, kR>(), kRegLanes, true>
-                          : &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR>;
+  return p.fold_counter_ptr != nullptr
+             ? &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR, false, kRegThreads / 32,
+                                                         reg_min_blocks<kIn, kR>(), kRegLanes, true>
+             : &quantize::quantize_transpose_regs_kernel<kIn, kOut, kVec, kR>;
+}
+
+int64_t smem_tiles(const QuantizeParams& p) {
+  return ((p.rows + kTileRows - 1) / kTileRows) * ((p.cols + kTileCols - 1) / kTileCols);
+}
+
+template <int kR>
+int64_t reg_tiles(const QuantizeParams& p) {
   const int64_t tile_rows = quantize::reg_tile_rows<kR>();
-  const int64_t tiles = ((p.rows + tile_rows - 1) / tile_rows) * ((p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols);
+  return ((p.rows + tile_rows - 1) / tile_rows) * ((p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols);
+}
+
+// Blocks of the smem kernel: one a tile, capped at the resident blocks (persistent: each prefetches its next tile
+// while it transposes and stores this one, which pays only when a block has several tiles; not balanced with
+// quantize::transpose_grid, which was slower: docs/benchmarks.md, quantize section).
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+cudaError_t plan_smem(const QuantizeParams& p, QuantizeLaunch* plan) {
   int64_t grid = 0;
-  ASTRAI_CUDA_TRY(quantize_detail::grid_for(tiles, quantize::kRegThreads, p.max_blocks, &grid));
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for(smem_tiles(p), kTransposeThreads, p.max_blocks, &grid));
+  DeviceFacts facts{};
+  ASTRAI_CUDA_TRY(current_device_facts(&facts));
+  int resident = 0;
+  ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &resident, reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<kIn, kOut, kVec>), kTransposeThreads, 0));
+  if (resident > 0 && grid > int64_t(resident) * facts.sm_count) grid = int64_t(resident) * facts.sm_count;
+  *plan = QuantizeLaunch{QuantizeKernel::kTransposeSmem, kVec, 0, grid};
+  return cudaSuccess;
+}
+
+// One block per reg_tile_rows<kR>() x kRegTileCols tile (persistent: at most the resident blocks, looping over tiles).
+template <QuantIn kIn, QuantOut kOut, bool kVec, int kR>
+cudaError_t plan_regs(const QuantizeParams& p, bool persistent, QuantizeLaunch* plan) {
+  int64_t grid = 0;
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for(reg_tiles<kR>(p), quantize::kRegThreads, p.max_blocks, &grid));
   if (persistent) {
     DeviceFacts facts{};
     ASTRAI_CUDA_TRY(current_device_facts(&facts));
-    const int sm_count = facts.sm_count;
     int resident = 0;
-    ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
-                                                                  quantize::kRegThreads, 0));
-    if (resident > 0 && grid > int64_t(resident) * sm_count) grid = int64_t(resident) * sm_count;
+    ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &resident, reinterpret_cast<const void*>(regs_kernel<kIn, kOut, kVec, kR>(p)), quantize::kRegThreads, 0));
+    if (resident > 0 && grid > int64_t(resident) * facts.sm_count) grid = int64_t(resident) * facts.sm_count;
   }
-  kernel<<<dim3(unsigned(grid)), dim3(quantize::kRegThreads), 0, stream>>>(p);
-  return cudaGetLastError();
+  *plan = QuantizeLaunch{kR == 16 ? QuantizeKernel::kTransposeRegs16 : QuantizeKernel::kTransposeRegs8, kVec, 0, grid};
+  return cudaSuccess;
 }
 
 template <QuantIn kIn, QuantOut kOut, bool kVec>
-cudaError_t launch(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
+cudaError_t plan(const QuantizeParams& p, int variant, bool persistent, QuantizeLaunch* out) {
   // The register kernel indexes tiles in 32 bits (its smallest tile: kR = 8); kR = 16 spills for fp16 / fp32.
-  const int64_t tile_rows8 = quantize::reg_tile_rows<8>();
-  const int64_t tiles_n = (p.cols + quantize::kRegTileCols - 1) / quantize::kRegTileCols;
-  const int64_t reg_tiles = ((p.rows + tile_rows8 - 1) / tile_rows8) * tiles_n;
-  if (variant == 0 || reg_tiles >= (int64_t(1) << 31)) {
+  if (variant == 0 || reg_tiles<8>(p) >= (int64_t(1) << 31)) {
     // The shared-memory kernel has no fused fold (and 2^31 register tiles of 8192 elements exceed any memory).
     if (p.fold_counter_ptr != nullptr) return cudaErrorInvalidValue;
-    return launch_smem<kIn, kOut, kVec>(p, stream);
+    return plan_smem<kIn, kOut, kVec>(p, out);
   }
   if constexpr (kIn == QuantIn::kBF16) {
     if (variant < 0) {
       // By size: kR = 16 once its grid fills kRegWavesFor16 waves of resident blocks.
       DeviceFacts facts{};
       ASTRAI_CUDA_TRY(current_device_facts(&facts));
-      const int sm_count = facts.sm_count;
-      const int64_t tile_rows16 = quantize::reg_tile_rows<16>();
-      const int64_t tiles16 = ((p.rows + tile_rows16 - 1) / tile_rows16) * tiles_n;
-      const int64_t wave16 = int64_t(sm_count) * quantize::reg_min_blocks<kIn, 16>();
-      variant = tiles16 >= quantize::kRegWavesFor16 * wave16 ? 16 : 8;
+      const int64_t wave16 = int64_t(facts.sm_count) * quantize::reg_min_blocks<kIn, 16>();
+      variant = reg_tiles<16>(p) >= quantize::kRegWavesFor16 * wave16 ? 16 : 8;
     }
-    if (variant == 16) return launch_regs<kIn, kOut, kVec, 16>(p, persistent, stream);
+    if (variant == 16) return plan_regs<kIn, kOut, kVec, 16>(p, persistent, out);
   }
-  return launch_regs<kIn, kOut, kVec, 8>(p, persistent, stream);
+  return plan_regs<kIn, kOut, kVec, 8>(p, persistent, out);
 }
 
-template <QuantIn kIn, QuantOut kOut>
-cudaError_t launch_vec(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
-  // 16-byte loads of 8-element runs: x 16-byte aligned, row stride and cols multiples of 8 elements.
-  const bool vec = aligned16(p.x_ptr) && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
-  return vec ? launch<kIn, kOut, true>(p, stream, variant, persistent)
-             : launch<kIn, kOut, false>(p, stream, variant, persistent);
+template <QuantIn kIn, QuantOut kOut, bool kVec>
+cudaError_t launch(const QuantizeParams& p, const QuantizeLaunch& l, cudaStream_t stream) {
+  const dim3 grid(unsigned(l.blocks));
+  if (l.kernel == QuantizeKernel::kTransposeSmem) {
+    quantize::quantize_transpose_kernel<kIn, kOut, kVec><<<grid, dim3(kTransposeThreads), 0, stream>>>(p);
+  } else if (l.kernel == QuantizeKernel::kTransposeRegs16) {
+    if constexpr (kIn == QuantIn::kBF16) {
+      regs_kernel<kIn, kOut, kVec, 16>(p)<<<grid, dim3(quantize::kRegThreads), 0, stream>>>(p);
+    }
+  } else {
+    regs_kernel<kIn, kOut, kVec, 8>(p)<<<grid, dim3(quantize::kRegThreads), 0, stream>>>(p);
+  }
+  return cudaGetLastError();
 }
 
-template <QuantIn kIn>
-cudaError_t launch_out(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
-  switch (p.out_type) {
-    case QuantOut::kE4M3: return launch_vec<kIn, QuantOut::kE4M3>(p, stream, variant, persistent);
-    case QuantOut::kE5M2: return launch_vec<kIn, QuantOut::kE5M2>(p, stream, variant, persistent);
-    default: return cudaErrorInvalidValue;
+// 16-byte loads of 8-element runs: x 16-byte aligned, row stride and cols multiples of 8 elements.
+bool transpose_vec_allowed(const QuantizeParams& p) {
+  return aligned16(p.x_ptr) && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
+}
+
+// f(in, out, vec) with the call's types as integral constants (fp8 outputs only).
+template <class F>
+cudaError_t with_types(const QuantizeParams& p, bool vec, F&& f) {
+  auto with_vec = [&](auto in, auto out) {
+    return vec ? f(in, out, std::true_type{}) : f(in, out, std::false_type{});
+  };
+  auto with_out = [&](auto in) {
+    switch (p.out_type) {
+      case QuantOut::kE4M3: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE4M3>{});
+      case QuantOut::kE5M2: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE5M2>{});
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  switch (p.in_type) {
+    case QuantIn::kBF16: return with_out(std::integral_constant<QuantIn, QuantIn::kBF16>{});
+    case QuantIn::kF16: return with_out(std::integral_constant<QuantIn, QuantIn::kF16>{});
+    case QuantIn::kF32: return with_out(std::integral_constant<QuantIn, QuantIn::kF32>{});
   }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 namespace quantize_detail {
 
-cudaError_t quantize_transpose_launch_variant(const QuantizeParams& p, cudaStream_t stream, int variant, bool persistent) {
-  switch (p.in_type) {
-    case QuantIn::kBF16: return launch_out<QuantIn::kBF16>(p, stream, variant, persistent);
-    case QuantIn::kF16: return launch_out<QuantIn::kF16>(p, stream, variant, persistent);
-    case QuantIn::kF32: return launch_out<QuantIn::kF32>(p, stream, variant, persistent);
-  }
-  return cudaErrorInvalidValue;
+cudaError_t quantize_transpose_plan(const QuantizeParams& p, int variant, bool persistent, QuantizeLaunch* out) {
+  return with_types(p, transpose_vec_allowed(p), [&](auto in, auto o, auto vec) {
+    return plan<decltype(in)::value, decltype(o)::value, decltype(vec)::value>(p, variant, persistent, out);
+  });
 }
 
-cudaError_t quantize_transpose_launch(const QuantizeParams& p, cudaStream_t stream) {
-  return quantize_transpose_launch_variant(p, stream, quantize::kTransposeVariant, quantize::kRegPersistent);
+cudaError_t quantize_transpose_plan(const QuantizeParams& p, QuantizeLaunch* out) {
+  return quantize_transpose_plan(p, quantize::kTransposeVariant, quantize::kRegPersistent, out);
+}
+
+std::string quantize_transpose_unfit(const QuantizeParams& p, const QuantizeLaunch& l) {
+  if (p.out_t_ptr == nullptr) return "a transpose kernel needs a transposed output (out_t)";
+  if (l.vec && !transpose_vec_allowed(p)) {
+    return "vec needs x 16-byte aligned with its row stride and cols multiples of 8 elements";
+  }
+  switch (l.kernel) {
+    case QuantizeKernel::kTransposeSmem:
+      if (p.fold_counter_ptr != nullptr) return "the shared-memory transpose has no fused fold";
+      return std::string();
+    case QuantizeKernel::kTransposeRegs16:
+      if (p.in_type != QuantIn::kBF16) return "the 16-row register transpose takes bf16 input only";
+      [[fallthrough]];
+    case QuantizeKernel::kTransposeRegs8:
+      if (reg_tiles<8>(p) >= (int64_t(1) << 31)) return "the register transpose indexes at most 2^31 tiles";
+      return std::string();
+    default:
+      return "kernel must be 0 (rows), 1 (transpose smem), 2 (transpose regs 8) or 3 (transpose regs 16), got " +
+             std::to_string(int(l.kernel));
+  }
+}
+
+cudaError_t quantize_transpose_launch(const QuantizeParams& p, const QuantizeLaunch& l, cudaStream_t stream) {
+  return with_types(p, l.vec, [&](auto in, auto o, auto vec) {
+    return launch<decltype(in)::value, decltype(o)::value, decltype(vec)::value>(p, l, stream);
+  });
 }
 
 }  // namespace quantize_detail
