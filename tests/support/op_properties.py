@@ -34,6 +34,13 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
     "quant_gemm_out": (False, "as quant_gemm"),
     "quant_gemm_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "quant_gemm_set_pdl": (True, "takes no tensors: sets a launch switch that changes no bits"),
+    "attn_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
+    "attn_plan": (True, "takes no tensors: a plan from its arguments and the policy's switches"),
+    "attn_device_facts": (True, "takes no tensors: the device's facts"),
+    "attn_set_policy": (True, "takes no tensors: sets launch switches (pdl and tma change no bits; sm90 picks the "
+                              "kernel for every batch alike)"),
+    "rotary_plan": (True, "takes no tensors: a plan from its arguments alone"),
+    "quantize_plan": (True, "takes no tensors: a plan from its arguments and the device's facts"),
     "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
 }
 
