@@ -212,6 +212,7 @@ def load_family(name: str, *, op: str | None = None) -> None:
         _state.loaded[name] = library.path
         warn = sel.gpu_visible and sel.chosen.serves == "ptx" and not _state.jit_warned
         _state.jit_warned = _state.jit_warned or warn
+    _push_policy(name)
     if warn:
         warnings.warn(f"astrai-kernels: image {sel.chosen.name} has no SASS for a visible device and runs "
                       f"through the driver's JIT ({'; '.join(sel.chosen.jit)}): the first call of each kernel "
@@ -240,6 +241,17 @@ def describe() -> dict[str, Any]:
     desc = _loader_report.describe(sel, loaded, failed, _fallbacks.snapshot())
     desc["policy"] = {"gemm_plan": _gemm_plan_state(), "attention_plan": _attention_plan_state()}
     return desc
+
+
+def _push_policy(family: str) -> None:
+    """The policy's launch switches into a family's library as it loads (also when it is loaded directly, not
+    through its ops module): its launchers read no environment."""
+    if family == "attention":
+        from astrai.extension.ops import attention_plan  # imports the loader: here, at call time
+        attention_plan.sync_native()
+    elif family == "gemm":
+        from astrai.extension.ops import gemm_plan
+        gemm_plan.sync_native()
 
 
 def _attention_plan_state() -> dict[str, Any]:

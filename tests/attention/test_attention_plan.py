@@ -164,3 +164,15 @@ def test_kv_heads_of_a_packed_call():
                                k.view(2, 20, 2, 128)[:1].expand(3, 20, 2, 128), None, None, None, True, None, None,
                                None)
     assert dense.num_kv_heads == 2
+
+
+def test_a_direct_load_gets_the_switches(monkeypatch):
+    """Loading the family through the loader alone (torch.ops.astrai.* called directly) pushes the switches too."""
+    from astrai.extension import loader
+    ops.load()
+    ap.set_staging(pdl=False)
+    torch.ops.astrai.attn_set_policy(True, True, True)  # the library drifts from the policy
+    ap._pushed = False
+    monkeypatch.delitem(loader._state.loaded, "attention")  # as if not loaded yet
+    loader.load_family("attention")  # loading the library again is harmless; the loader pushes the policy
+    assert list(torch.ops.astrai.attn_set_policy(True, True, True)) == [0, 1, 1]

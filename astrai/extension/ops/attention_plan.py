@@ -72,8 +72,8 @@ def _seed_from_env() -> None:
 
 
 def _library_loaded() -> bool:
-    from astrai.extension.ops import attention
-    return attention._loaded and hasattr(torch.ops.astrai, "attn_set_policy")
+    from astrai.extension import loader
+    return "attention" in loader.loaded_families() and hasattr(torch.ops.astrai, "attn_set_policy")
 
 
 def sync_native() -> None:

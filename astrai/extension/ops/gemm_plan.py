@@ -603,11 +603,10 @@ _native_synced: set = set()
 
 def sync_native() -> None:
     """Push the switches the launchers read (programmatic dependent launch) into the gemm library, once it is
-    loaded and after each change; ops.gemm.load() calls it. The launchers read no environment."""
+    loaded and after each change; the loader calls it when the family loads. The launchers read no environment."""
     if _native_synced:
         return
-    from astrai.extension.ops import _fakes
-    if "gemm" not in _fakes._LOADED:
+    if "gemm" not in loader.loaded_families() or not hasattr(torch.ops.astrai, "quant_gemm_set_pdl"):
         return
     with _lock:
         _seed_from_env()
