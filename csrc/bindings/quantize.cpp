@@ -24,9 +24,7 @@ using torch::stable::Tensor;
 
 // The explicit plan of a quantize launch (quantize_plan, on the current device), then the launch of exactly it.
 cudaError_t launch_planned(const QuantizeParams& p, cudaStream_t stream) {
-  QuantizeLaunch plan{};
-  const cudaError_t status = quantize_plan(p, &plan);
-  return status != cudaSuccess ? status : quantize_launch(p, plan, stream);
+  return plan_and_launch(quantize_plan, quantize_launch, p, stream);
 }
 
 constexpr const char* kOpStatic = "astrai.quantize";
@@ -242,7 +240,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     ap.rows = M;
     ap.cols = N;
     ap.in_type = a.in;
-    binding::check_cuda_status(quantize_amax_launch(ap, stream), kOpDynamic, config_str("amax", x, "per tensor", dev));
+    binding::check_cuda_status(plan_and_launch(quantize_amax_plan, quantize_amax_launch, ap, stream), kOpDynamic, config_str("amax", x, "per tensor", dev));
     p.scale_kind = QuantScale::kFromAmax;
     p.amax_in_ptr = ap.amax_ptr;
     p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
@@ -315,7 +313,7 @@ std::tuple<Tensor, Tensor> quantize_block_cuda(const Tensor& x, ScalarType out_d
     p.in_type = a.in;
     p.out_type = a.out_type;
     p.pow2_scale = pow2_scale;
-    binding::check_cuda_status(quantize_block128_launch(p, stream), kOpBlock,
+    binding::check_cuda_status(plan_and_launch(quantize_block128_plan, quantize_block128_launch, p, stream), kOpBlock,
                                config_str("quantize 128x128", x, "dynamic", dev));
   }
   return std::make_tuple(out, scale_inv);
@@ -357,7 +355,7 @@ Tensor scale_layout_cuda(const Tensor& sf, bool pack_ue8m0) {
   const cudaStream_t stream = binding::current_cuda_stream(kOpLayout, sf.get_device_index());
   std::ostringstream cfg;
   cfg << "scale_layout (sf " << binding::shape_str(sf) << ", " << (pack_ue8m0 ? "packed ue8m0" : "float32") << ")";
-  binding::check_cuda_status(scale_layout_launch(p, stream), kOpLayout, cfg.str());
+  binding::check_cuda_status(plan_and_launch(scale_layout_plan, scale_layout_launch, p, stream), kOpLayout, cfg.str());
   return out;
 }
 

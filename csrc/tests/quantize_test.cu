@@ -269,7 +269,7 @@ ErrorStats run_case(const Case& c, Rng& rng) {
     p.in_type = c.in;
     p.out_type = c.out;
     p.pow2_scale = c.pow2;
-    st = quantize_block128_launch(p, nullptr);
+    st = plan_and_launch(quantize_block128_plan, quantize_block128_launch, p, nullptr);
   } else {
     QuantizeParams p{};
     p.x_ptr = x_ptr;
@@ -299,7 +299,7 @@ ErrorStats run_case(const Case& c, Rng& rng) {
         ap.cols = N;
         ap.max_blocks = c.max_blocks;
         ap.in_type = c.in;
-        st = quantize_amax_launch(ap, nullptr);
+        st = plan_and_launch(quantize_amax_plan, quantize_amax_launch, ap, nullptr);
         p.scale_kind = QuantScale::kFromAmax;
         p.amax_in_ptr = amax_in_d.get();
         p.scale_inv_ptr = sf_d.get();
@@ -440,7 +440,7 @@ ErrorStats run_layout_case(int64_t mn, int64_t sf_k, bool packed, int64_t k_stri
   p.mn = mn;
   p.sf_k = sf_k;
   p.packed = packed;
-  const cudaError_t st = scale_layout_launch(p, nullptr);
+  const cudaError_t st = plan_and_launch(scale_layout_plan, scale_layout_launch, p, nullptr);
   if (st != cudaSuccess) {
     s.fail(std::string("launch returned ") + cudaGetErrorName(st));
     return s;
@@ -614,7 +614,7 @@ bool check_rejections() {
   b.rows = 1;
   b.cols = 100;  // not a multiple of 128
   b.qmax = 448.0f;
-  ok = ok && quantize_block128_launch(b, nullptr) == cudaErrorInvalidValue;
+  ok = ok && plan_and_launch(quantize_block128_plan, quantize_block128_launch, b, nullptr) == cudaErrorInvalidValue;
   // Valid params, a plan they do not allow: refused before any launch.
   QuantizeParams r{};
   r.x_ptr = dummy;
@@ -641,6 +641,13 @@ bool check_rejections() {
   r.in_type = QuantIn::kF32;
   bad = QuantizeLaunch{QuantizeKernel::kTransposeRegs16, false, 0, 1};  // bf16 input only
   ok = ok && quantize_launch(r, bad, nullptr) == cudaErrorInvalidValue;
+  b.cols = 128;  // valid; a grid of no blocks and a 16-byte variant on misaligned x are refused
+  b.x_row_stride = 128;
+  QuantizeGridLaunch grid{};
+  ok = ok && quantize_block128_plan(b, &grid) == cudaSuccess && grid.blocks >= 1;
+  ok = ok && quantize_block128_launch(b, QuantizeGridLaunch{grid.vec, 0}, nullptr) == cudaErrorInvalidValue;
+  b.x_ptr = reinterpret_cast<const char*>(dummy) + 2;
+  ok = ok && quantize_block128_launch(b, QuantizeGridLaunch{true, 1}, nullptr) == cudaErrorInvalidValue;
   TEST_CUDA_CHECK(cudaGetLastError());
   TEST_CUDA_CHECK(cudaFree(dummy));
   std::printf("launchers reject inconsistent params with cudaErrorInvalidValue: %s\n", ok ? "PASS" : "FAIL");

@@ -42,18 +42,39 @@ std::string quantize_launch_unfit(const QuantizeParams& params, const QuantizeLa
 // (QuantizeParams::fold); one counter per launch in flight.
 cudaError_t quantize_launch(const QuantizeParams& params, const QuantizeLaunch& plan, cudaStream_t stream);
 
-// amax_ptr[0] = max(amax_ptr[0], max |x|) (NaN if x holds one); the caller zeroes amax_ptr first.
-cudaError_t quantize_amax_launch(const AmaxParams& params, cudaStream_t stream);
+// The explicit plan of the auxiliary launches (amax pass, 128 x 128 blocks, scale layout): their 16-byte variant and
+// grid (each by a fixed rule: one thread or block a unit of work, at most 16 full-occupancy waves, then loops).
+struct QuantizeGridLaunch {
+  bool vec;        // 16-byte runs (the scale layout has none)
+  int64_t blocks;  // the grid; blocks loop past it
+};
 
-// The delayed-scaling ring fold (AmaxHistoryParams): one block, stream-ordered after the launch that wrote
-// amax_ptr; graph capturable (the slot lives in device memory).
+// amax_ptr[0] = max(amax_ptr[0], max |x|) (NaN if x holds one); the caller zeroes amax_ptr first.
+cudaError_t quantize_amax_plan(const AmaxParams& params, QuantizeGridLaunch* plan);
+cudaError_t quantize_amax_launch(const AmaxParams& params, const QuantizeGridLaunch& plan, cudaStream_t stream);
+
+// The delayed-scaling ring fold (AmaxHistoryParams): one block of a fixed size (nothing to plan), stream-ordered
+// after the launch that wrote amax_ptr; graph capturable (the slot lives in device memory).
 cudaError_t amax_history_fold_launch(const AmaxHistoryParams& params, cudaStream_t stream);
 
 // 128 x 128 block-scaled fp8 quantization; cols % 128 == 0.
-cudaError_t quantize_block128_launch(const BlockQuantParams& params, cudaStream_t stream);
+cudaError_t quantize_block128_plan(const BlockQuantParams& params, QuantizeGridLaunch* plan);
+cudaError_t quantize_block128_launch(const BlockQuantParams& params, const QuantizeGridLaunch& plan,
+                                     cudaStream_t stream);
 
 // Scale factors into the MN-major, TMA-aligned layout, plain float32 or packed UE8M0 int32.
-cudaError_t scale_layout_launch(const ScaleLayoutParams& params, cudaStream_t stream);
+cudaError_t scale_layout_plan(const ScaleLayoutParams& params, QuantizeGridLaunch* plan);
+cudaError_t scale_layout_launch(const ScaleLayoutParams& params, const QuantizeGridLaunch& plan, cudaStream_t stream);
+
+// The plan, then the launch of exactly it (each returns the first failing status): what the ops do.
+template <class Params, class Plan>
+cudaError_t plan_and_launch(cudaError_t (*plan_fn)(const Params&, Plan*),
+                            cudaError_t (*launch_fn)(const Params&, const Plan&, cudaStream_t), const Params& params,
+                            cudaStream_t stream) {
+  Plan plan{};
+  const cudaError_t status = plan_fn(params, &plan);
+  return status != cudaSuccess ? status : launch_fn(params, plan, stream);
+}
 
 namespace quantize_detail {
 // Grid size for `blocks_needed` blocks of `threads`: at most kMaxWaves full-occupancy waves (blocks then loop).

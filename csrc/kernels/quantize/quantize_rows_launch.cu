@@ -193,32 +193,46 @@ cudaError_t quantize_launch(const QuantizeParams& p, const QuantizeLaunch& l, cu
 namespace {
 
 template <QuantIn kIn, bool kVec>
-cudaError_t launch_amax(const AmaxParams& p, cudaStream_t stream) {
-  const int64_t steps = (p.cols + kStep - 1) / kStep * p.rows;
-  int64_t grid = 0;
-  ASTRAI_CUDA_TRY(quantize_detail::grid_for((steps + kRowsBlockThreads - 1) / kRowsBlockThreads,
-                                            kRowsBlockThreads, p.max_blocks, &grid));
-  quantize::amax_kernel<kIn, kVec><<<dim3(unsigned(grid)), dim3(kRowsBlockThreads), 0, stream>>>(p);
+cudaError_t launch_amax(const AmaxParams& p, const QuantizeGridLaunch& l, cudaStream_t stream) {
+  quantize::amax_kernel<kIn, kVec><<<dim3(unsigned(l.blocks)), dim3(kRowsBlockThreads), 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <QuantIn kIn>
-cudaError_t launch_amax_vec(const AmaxParams& p, cudaStream_t stream) {
-  return vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type) ? launch_amax<kIn, true>(p, stream)
-                                                               : launch_amax<kIn, false>(p, stream);
+cudaError_t launch_amax_vec(const AmaxParams& p, const QuantizeGridLaunch& l, cudaStream_t stream) {
+  return l.vec ? launch_amax<kIn, true>(p, l, stream) : launch_amax<kIn, false>(p, l, stream);
+}
+
+bool amax_params_valid(const AmaxParams& p) {
+  return p.rows >= 0 && p.cols >= 0 && p.x_row_stride >= 0 && p.x_ptr != nullptr && p.amax_ptr != nullptr &&
+         int32_t(p.in_type) >= 0 && int32_t(p.in_type) <= 2;
 }
 
 }  // namespace
 
-cudaError_t quantize_amax_launch(const AmaxParams& p, cudaStream_t stream) {
-  if (p.rows < 0 || p.cols < 0 || p.x_row_stride < 0 || p.x_ptr == nullptr || p.amax_ptr == nullptr) {
+cudaError_t quantize_amax_plan(const AmaxParams& p, QuantizeGridLaunch* plan) {
+  *plan = QuantizeGridLaunch{false, 0};
+  if (!amax_params_valid(p)) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  // One thread a 16-element step of x, grid-stride past 16 full-occupancy waves.
+  const int64_t steps = (p.cols + kStep - 1) / kStep * p.rows;
+  int64_t grid = 0;
+  ASTRAI_CUDA_TRY(quantize_detail::grid_for((steps + kRowsBlockThreads - 1) / kRowsBlockThreads,
+                                            kRowsBlockThreads, p.max_blocks, &grid));
+  *plan = QuantizeGridLaunch{vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type), grid};
+  return cudaSuccess;
+}
+
+cudaError_t quantize_amax_launch(const AmaxParams& p, const QuantizeGridLaunch& l, cudaStream_t stream) {
+  if (!amax_params_valid(p)) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  if (l.blocks < 1 || l.blocks > INT32_MAX || (l.vec && !vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type))) {
     return cudaErrorInvalidValue;
   }
-  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
   switch (p.in_type) {
-    case QuantIn::kBF16: return launch_amax_vec<QuantIn::kBF16>(p, stream);
-    case QuantIn::kF16: return launch_amax_vec<QuantIn::kF16>(p, stream);
-    case QuantIn::kF32: return launch_amax_vec<QuantIn::kF32>(p, stream);
+    case QuantIn::kBF16: return launch_amax_vec<QuantIn::kBF16>(p, l, stream);
+    case QuantIn::kF16: return launch_amax_vec<QuantIn::kF16>(p, l, stream);
+    case QuantIn::kF32: return launch_amax_vec<QuantIn::kF32>(p, l, stream);
   }
   return cudaErrorInvalidValue;
 }
