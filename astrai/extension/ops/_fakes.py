@@ -1,5 +1,5 @@
 """What the ops modules share: loading a family once with its fake (meta) registrations, which torch.compile
-and opcheck trace through."""
+and opcheck trace through; the CUDA device index an argument names."""
 
 from __future__ import annotations
 
@@ -29,3 +29,11 @@ def load_family_once(family: str, op: str, fakes: dict) -> bool:
         register_fakes(fakes)
         _LOADED.add(family)
     return True
+
+
+def cuda_index(device=None) -> int:
+    """The CUDA device index of `device` (a torch.device, a string, an index, or None: the current device)."""
+    if device is None:
+        return torch.cuda.current_device()
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()

@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 
+from astrai.extension.ops._fakes import cuda_index
+
 # Read once per process, as seeds of set_staging (exactly "0" turns a switch off; explicit calls win).
 ENV_KNOBS = {"ASTRAI_DECODE_PDL": "pdl", "ASTRAI_PREFILL_SM90": "sm90", "ASTRAI_PREFILL_SM90_TMA": "tma"}
 KINDS = ("decode", "prefill")
@@ -134,11 +136,7 @@ def facts(device=None) -> AttnFacts:
     """The facts of a CUDA device (index, device or None: the current one) with the image's attention code, queried
     once per device and process."""
     _load()
-    if device is None:
-        index = torch.cuda.current_device()
-    else:
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     found = _facts_memo.get(index)
     if found is None:
         cc, code, binary, sms, smem = torch.ops.astrai.attn_device_facts(index)

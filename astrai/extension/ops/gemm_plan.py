@@ -42,6 +42,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from astrai.extension import loader
+from astrai.extension.ops._fakes import cuda_index
 
 ROWS_HEADER = "astrai-gemm-rows"
 ROWS_VERSION = 1
@@ -240,11 +241,7 @@ def facts(device=None) -> Facts:
     """The device facts the planners use (queried once per device index and process).
 
     `device`: a CUDA device, index or None (the current device)."""
-    if device is None:
-        index = torch.cuda.current_device()
-    else:
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     found = _facts_memo.get(index)
     if found is None:
         found = _facts_memo[index] = _device_facts(index)

@@ -4,12 +4,12 @@
 #include <climits>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
 #include "kernels/quantize/quantize.h"
+#include "kernels/quantize/quantize_dispatch.h"
 #include "kernels/quantize/quantize_rows.cuh"
 
 namespace astrai {
@@ -87,28 +87,6 @@ bool rows_vec_allowed(const QuantizeParams& p) {
   return vec_rows(p.x_ptr, p.x_row_stride, p.cols, p.in_type) && (p.out_ptr == nullptr || aligned16(p.out_ptr));
 }
 
-// f(in, out, vec) with the call's types as integral constants (one dispatch for the plan and the launch).
-template <class F>
-cudaError_t with_rows_types(const QuantizeParams& p, bool vec, F&& f) {
-  auto with_vec = [&](auto in, auto out) {
-    return vec ? f(in, out, std::true_type{}) : f(in, out, std::false_type{});
-  };
-  auto with_out = [&](auto in) {
-    switch (p.out_type) {
-      case QuantOut::kE4M3: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE4M3>{});
-      case QuantOut::kE5M2: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE5M2>{});
-      case QuantOut::kInt8: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kInt8>{});
-    }
-    return cudaErrorInvalidValue;
-  };
-  switch (p.in_type) {
-    case QuantIn::kBF16: return with_out(std::integral_constant<QuantIn, QuantIn::kBF16>{});
-    case QuantIn::kF16: return with_out(std::integral_constant<QuantIn, QuantIn::kF16>{});
-    case QuantIn::kF32: return with_out(std::integral_constant<QuantIn, QuantIn::kF32>{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 bool params_valid(const QuantizeParams& p) {
   if (p.rows < 0 || p.cols < 0 || p.x_row_stride < 0) return false;
   // An empty x may have null data (a fused fold still runs on it).
@@ -149,7 +127,7 @@ cudaError_t quantize_plan(const QuantizeParams& p, QuantizeLaunch* plan) {
   if (p.out_t_ptr != nullptr) {
     return quantize_detail::quantize_transpose_plan(p, plan);
   }
-  return with_rows_types(p, rows_vec_allowed(p), [&](auto in, auto out, auto vec) {
+  return quantize_detail::with_types<true>(p, rows_vec_allowed(p), [&](auto in, auto out, auto vec) {
     return plan_rows<decltype(in)::value, decltype(out)::value, decltype(vec)::value>(p, plan);
   });
 }
@@ -185,7 +163,7 @@ cudaError_t quantize_launch(const QuantizeParams& p, const QuantizeLaunch& l, cu
   }
   if (!quantize_launch_unfit(p, l).empty()) return cudaErrorInvalidValue;
   if (l.kernel != QuantizeKernel::kRows) return quantize_detail::quantize_transpose_launch(p, l, stream);
-  return with_rows_types(p, l.vec, [&](auto in, auto out, auto vec) {
+  return quantize_detail::with_types<true>(p, l.vec, [&](auto in, auto out, auto vec) {
     return launch_rows<decltype(in)::value, decltype(out)::value, decltype(vec)::value>(p, l, stream);
   });
 }

@@ -2,12 +2,12 @@
 // transpose, the variant and grid picked by quantize_transpose_plan, launched as planned.
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
 #include "kernels/quantize/quantize.h"
+#include "kernels/quantize/quantize_dispatch.h"
 #include "kernels/quantize/quantize_transpose.cuh"
 
 namespace astrai {
@@ -114,33 +114,12 @@ bool transpose_vec_allowed(const QuantizeParams& p) {
   return aligned16(p.x_ptr) && p.x_row_stride % 8 == 0 && p.cols % 8 == 0;
 }
 
-// f(in, out, vec) with the call's types as integral constants (fp8 outputs only).
-template <class F>
-cudaError_t with_types(const QuantizeParams& p, bool vec, F&& f) {
-  auto with_vec = [&](auto in, auto out) {
-    return vec ? f(in, out, std::true_type{}) : f(in, out, std::false_type{});
-  };
-  auto with_out = [&](auto in) {
-    switch (p.out_type) {
-      case QuantOut::kE4M3: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE4M3>{});
-      case QuantOut::kE5M2: return with_vec(in, std::integral_constant<QuantOut, QuantOut::kE5M2>{});
-      default: return cudaErrorInvalidValue;
-    }
-  };
-  switch (p.in_type) {
-    case QuantIn::kBF16: return with_out(std::integral_constant<QuantIn, QuantIn::kBF16>{});
-    case QuantIn::kF16: return with_out(std::integral_constant<QuantIn, QuantIn::kF16>{});
-    case QuantIn::kF32: return with_out(std::integral_constant<QuantIn, QuantIn::kF32>{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 namespace quantize_detail {
 
 cudaError_t quantize_transpose_plan(const QuantizeParams& p, int variant, bool persistent, QuantizeLaunch* out) {
-  return with_types(p, transpose_vec_allowed(p), [&](auto in, auto o, auto vec) {
+  return with_types<false>(p, transpose_vec_allowed(p), [&](auto in, auto o, auto vec) {
     return plan<decltype(in)::value, decltype(o)::value, decltype(vec)::value>(p, variant, persistent, out);
   });
 }
@@ -171,7 +150,7 @@ std::string quantize_transpose_unfit(const QuantizeParams& p, const QuantizeLaun
 }
 
 cudaError_t quantize_transpose_launch(const QuantizeParams& p, const QuantizeLaunch& l, cudaStream_t stream) {
-  return with_types(p, l.vec, [&](auto in, auto o, auto vec) {
+  return with_types<false>(p, l.vec, [&](auto in, auto o, auto vec) {
     return launch<decltype(in)::value, decltype(o)::value, decltype(vec)::value>(p, l, stream);
   });
 }
