@@ -626,3 +626,13 @@ def test_sm90_few_tiles_above_the_mid_band_may_take_the_weight_stream(pair):
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True, batch_invariant=True)[0] == 4
     assert ops.builtin_plan(4096, 4096, 4096, pair, 132, sm90=True)[0] in (4, 5)
     assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9)  # no sm_90a code: portable
+
+
+@pytest.mark.parametrize("pair,m,n,k", [("w16a16", 160, 3072, 1024), ("w8a8", 210, 2688, 1344),
+                                         ("fp8", 150, 3328, 1664)])
+def test_sm90_mid_band_halves_short_k(pair, m, n, k):
+    """16 < M <= 256: recipes 4 / 5 may halve a K of 1024-2047 (halves of >= SM90_SMALL_SPLIT2_MIN_K), which the
+    H200 sweeps timed 1.2-1.5x faster than one pass where a call fills under half the SMs; never a quarter of it, nor
+    a half below the floor."""
+    assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == (4, 2)
+    assert ops.builtin_plan(m, n, 768, pair, 132, sm90=True)[1] == 1

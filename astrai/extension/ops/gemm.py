@@ -172,6 +172,11 @@ SM90_SMALL_M = SMALL_M
 SM90_MID_MAX_M = 256
 SM90_STREAM_FIT_CTAS = 3
 SM90_SMALL_SPLITS = (1, 2, 4, 8, 16)
+# In those bands recipes 4 and 5 may also halve a K of 1024-2047 (halves of >= SM90_SMALL_SPLIT2_MIN_K): at M 128-256,
+# N 2688-4096, K 1024-1664 the sweeps timed (4, 2) 1.2-1.5x faster than (4, 1), which MIN_K_PER_SPLIT had ruled out.
+# Offline on the recorded H200 sweeps: 32 shapes > 2% faster, 1 shape 2.0% slower; holdout 3.34% -> 2.90%, holdout4
+# 4.24% -> 2.72%, train_small 3.35% -> 2.57% (docs/benchmarks.md; holdout5, timed after, judges it).
+SM90_SMALL_SPLIT2_MIN_K = 512
 SM90_SMALL_MODEL = {"w16a16": (0.347, 5.127, 4.85, 0.575, 3.043, 9.364, 0.233, 7.506, 0.0, 5.813),
                     "w8a8": (0.376, 3.14, 8.503, 0.658, 4.214, 8.019, 0.239, 9.159, 0.0, 2.014),
                     "fp8": (0.381, 1.842, 10.204, None, None, None, 0.288, 9.181, 0.0, 3.16)}
@@ -496,7 +501,8 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
                       (s == 1 or k_tiles >= s * SM90_STREAM_MIN_K_TILES)]
             units, ctas = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(m / 16), SM90_STREAM_FIT_CTAS
         else:
-            splits = [s for s in SM90_SMALL_SPLITS if s == 1 or k // s >= MIN_K_PER_SPLIT]
+            splits = [s for s in SM90_SMALL_SPLITS
+                      if s == 1 or k // s >= MIN_K_PER_SPLIT or (s == 2 and k // 2 >= SM90_SMALL_SPLIT2_MIN_K)]
             units, ctas = _tiles(m, n, recipe), 1
         options.append((recipe, stage, unit, fixed, units, ctas, splits))
     return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)[0]
