@@ -289,9 +289,11 @@ struct PrefillArgs {
   double scale;
 };
 
-std::string config_str(const char* kernel, const PrefillParams& p, const PrefillLaunch& launch, int32_t device_index) {
+std::string config_str(const char* kernel, const PrefillParams& p, const PrefillLaunch& launch,
+                       int32_t device_index) {
   std::ostringstream s;
-  s << kernel << (launch.kernel == PrefillKernel::kSm90 ? (launch.tma ? "[sm90, tma]" : "[sm90]") : "[mma]") << " (B=" << p.batch << ", " << (p.qo_indptr_ptr ? "Tq=" : "Lq=") << p.q_len << ", Hq=" << p.num_q_heads
+  s << kernel << (launch.kernel == PrefillKernel::kSm90 ? (launch.tma ? "[sm90, tma]" : "[sm90]") : "[mma]")
+    << " (B=" << p.batch << ", " << (p.qo_indptr_ptr ? "Tq=" : "Lq=") << p.q_len << ", Hq=" << p.num_q_heads
     << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim << ", max_kv_len=" << p.max_kv_len;
   if (p.paged) s << ", page_size=" << (1 << p.page_size_log2) << ", num_pages=" << p.num_pages;
   s << ", mask=" << (p.mask_ptr ? (p.mask_q_stride ? "3-D" : "2-D") : "no") << ", causal=" << (p.is_causal ? 1 : 0)

@@ -221,7 +221,8 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
     if (M > 0 && N > 0) {
       const cudaStream_t stream = binding::current_cuda_stream(kOpDynamic, dev);
-      binding::check_cuda_status(launch_planned(p, stream), kOpDynamic, config_str("quantize per row", x, "dynamic", dev));
+      binding::check_cuda_status(launch_planned(p, stream), kOpDynamic,
+                                 config_str("quantize per row", x, "dynamic", dev));
     } else if (M > 0) {
       // No columns: amax 0, so the multiplier is 1.
       torch::stable::fill_(scale_inv, 1.0);
@@ -240,11 +241,13 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     ap.rows = M;
     ap.cols = N;
     ap.in_type = a.in;
-    binding::check_cuda_status(plan_and_launch(quantize_amax_plan, quantize_amax_launch, ap, stream), kOpDynamic, config_str("amax", x, "per tensor", dev));
+    binding::check_cuda_status(plan_and_launch(quantize_amax_plan, quantize_amax_launch, ap, stream), kOpDynamic,
+                               config_str("amax", x, "per tensor", dev));
     p.scale_kind = QuantScale::kFromAmax;
     p.amax_in_ptr = ap.amax_ptr;
     p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
-    binding::check_cuda_status(launch_planned(p, stream), kOpDynamic, config_str("quantize per tensor", x, "dynamic", dev));
+    binding::check_cuda_status(launch_planned(p, stream), kOpDynamic,
+                               config_str("quantize per tensor", x, "dynamic", dev));
   } else {
     torch::stable::fill_(scale_inv, 1.0);
   }

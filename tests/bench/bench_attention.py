@@ -14,10 +14,11 @@ outside the timed region).
 - Prefill (compute-bound, self-attention Lq = L): one input set. FLOPs counted: 4 * B * Hq * D * kept pairs
   (two matmuls of 2 FLOPs per multiply-add; kept pairs L^2, or L (L + 1) / 2 causal). Reported: TFLOP/s,
   the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time. At
-  head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel (attention_plan.set_staging(sm90=False)),
-  beside the sm_90a kernel that takes it on an H100/H200 by default. The calls of one shape (anchors and
-  kernels) are timed in PREFILL_ROUNDS interleaved rounds, each round starting one call later, so that a drift
-  of the GPU's clock under sustained load is not charged to whichever call is timed last.
+  head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel
+  (attention_plan.set_staging(sm90=False)), beside the sm_90a kernel that takes it on an H100/H200 by default. The
+  calls of one shape (anchors and kernels) are timed in PREFILL_ROUNDS interleaved rounds, each round starting one
+  call later, so that a drift of the GPU's clock under sustained load is not charged to whichever call is timed
+  last.
 
     python tests/bench/bench_attention.py --json attention.json          # from the repository root, on a GPU
     python tests/bench/bench_attention.py --only decode --shapes 1x4096 1x32768 16x4096 --replays 50
@@ -102,7 +103,8 @@ def _check(s: dict) -> None:
 def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128,
             replays: int = 20, min_calls: int = 32, max_sets: int = 32, serial_rows: bool = True) -> list[dict]:
     """Rows for one (B, L): the contiguous and paged kernels, with the cuDNN and flash SDPA anchors; with
-    serial_rows also both calls with the programmatic launch overlap off ("-serial": attention_plan.set_staging(pdl=False))."""
+    serial_rows also both calls with the programmatic launch overlap off ("-serial":
+    attention_plan.set_staging(pdl=False))."""
     from torch.nn.attention import SDPBackend
 
     ops.load()

@@ -127,7 +127,7 @@ def test_decode(benchmark, batch, length, kind):
 
 
 # ---- prefill: attn_prefill (contiguous K/V; contig-mma: the mma.sync kernel every non-Hopper GPU runs, forced by
-# attention_plan.set_staging(sm90=False) where the sm_90a one would take the call) and attn_paged_prefill (page 16) ------------
+# attention_plan.set_staging(sm90=False) where the sm_90a one would take the call) and attn_paged_prefill (page 16) --
 
 # (B, L, causal): pinned, like DECODE_SHAPES; a short and a long shape, causal and not, B 1 and 8 (the goal table
 # of docs/benchmarks.md has all eight; four keep the tier's time near its limit).

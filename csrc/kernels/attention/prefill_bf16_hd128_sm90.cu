@@ -33,9 +33,10 @@ bool encode_kv_map(CUtensorMap* map, const void* ptr, int64_t heads, int64_t hea
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
-// The K/V descriptors of a call, enabled where the plan asks for TMA and TMA can describe K and V. Dense: (D, Hkv, max_kv_len, batch) in boxes of a whole tile; ragged: one sequence of all the
-// keys; paged: (D, Hkv, page_size, num_pages) in boxes of min(page_size, 128) rows, one page each (a page id out of
-// range is a box outside the map: zeros).
+// The K/V descriptors of a call, enabled where the plan asks for TMA and TMA can describe K and V. Dense: (D, Hkv,
+// max_kv_len, batch) in boxes of a whole tile; ragged: one sequence of all the keys; paged: (D, Hkv, page_size,
+// num_pages) in boxes of min(page_size, 128) rows, one page each (a page id out of range is a box outside the map:
+// zeros).
 PrefillSm90KvMaps kv_maps(const PrefillParams& p, bool tma) {
   using Tr = PrefillSm90Traits;
   PrefillSm90KvMaps maps{};

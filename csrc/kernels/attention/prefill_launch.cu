@@ -31,7 +31,9 @@ cudaError_t attn_prefill_bf16_launch(const PrefillParams& p, const PrefillLaunch
         p.qo_indptr_ptr, p.batch, p.q_len, rows_log2, p.num_q_tiles, p.q_tile_to_batch, p.q_tile_to_index);
     ASTRAI_CUDA_TRY(cudaGetLastError());
   }
-  if (launch.kernel == PrefillKernel::kSm90) return attention::launch_prefill_sm90(p, launch.tma, target.sm_count, stream);
+  if (launch.kernel == PrefillKernel::kSm90) {
+    return attention::launch_prefill_sm90(p, launch.tma, target.sm_count, stream);
+  }
   switch (p.head_dim) {
     case 64: return attention::launch_prefill<64>(p, stream);
     case 128: return attention::launch_prefill<128>(p, stream);

@@ -357,7 +357,8 @@ def test_launch_overlap_keeps_every_dependency(paged, batch, length):
     where every kernel reads what the one before it wrote: each call's q is the previous call's output (through
     the combine: B = 1 and 2 have splits; B = 24 has one split and launches as before, a control), and in the
     paged case the append writes each step's last key and value right before the decode reads them; partial
-    buffers freed by one call may be the next call's. The same bits with the overlap off (attention_plan.set_staging(pdl=False)),
+    buffers freed by one call may be the next call's. The same bits with the overlap off
+    (attention_plan.set_staging(pdl=False)),
     eagerly and in a replayed graph."""
     steps = 6
     q0 = rand_bf16(batch, 32, 128)
