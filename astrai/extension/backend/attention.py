@@ -173,7 +173,8 @@ class CudaBackend(AttentionBackend):
             return "q and K/V must be CUDA tensors"
         if call.q.dtype != torch.bfloat16 or call.kv_dtype != torch.bfloat16:
             return f"the kernels take bfloat16, got q {call.q.dtype} and K/V {call.kv_dtype}"
-        if _kernels_available():  # the library's own shape rules (attention_policy.h), not a copy of them
+        available = _kernels_available()
+        if available:  # the library's own shape rules (attention_policy.h), not a copy of them
             why = attention_plan.shapes_reason(call.q.shape[-1], call.q.shape[-2], call.num_kv_heads,
                                                call.kv_cache.page_size if call.kv_cache is not None else 0)
             if why:
@@ -193,7 +194,7 @@ class CudaBackend(AttentionBackend):
         if not all(_is_vec_layout(t) for t in tensors):
             return "q/K/V are not 16-byte aligned with strides that are multiples of 8 elements"
         if check_available:
-            if not _kernels_available():
+            if not available:
                 return "no image serves the attention family here (python -m astrai.extension info says why)"
             if call.fwd == "prefill" and not _prefill_available():
                 return "the attention image in use predates the prefill kernels (python -m astrai.extension info)"

@@ -107,8 +107,6 @@ def load() -> bool:
         if _has_prefill:
             register_fakes(_PREFILL_FAKES)
         _loaded = True
-        from astrai.extension.ops import attention_plan  # imports this module: here, at load time
-        attention_plan.sync_native()  # the policy's switches into the library before its first launch
     return True
 
 

@@ -79,8 +79,8 @@ def _library_loaded() -> bool:
 
 
 def sync_native() -> None:
-    """Push the switches into the attention library once it is loaded and after each change (ops.attention.load()
-    calls it). The launchers read no environment."""
+    """Push the switches into the attention library once it is loaded (the loader calls it as the family loads) and
+    after each change. The launchers read no environment."""
     global _pushed
     if _pushed or not _library_loaded():
         return
@@ -192,6 +192,11 @@ _facts_of = facts  # for the functions whose `facts` argument shadows it
 def shapes_reason(head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int = 0) -> str:
     """Why the attention kernels cannot take these shapes ("" when they can): the backend's blocker asks this
     instead of restating the rule (a constant under torch.compile)."""
+    return _shapes_reason(int(head_dim), int(num_q_heads), int(num_kv_heads), int(page_size))
+
+
+@functools.lru_cache(maxsize=1024)  # the blocker asks at every attention call: one lookup once a shape was seen
+def _shapes_reason(head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int) -> str:
     return can_implement("decode", head_dim, num_q_heads, num_kv_heads, page_size=page_size) or ""
 
 
