@@ -12,7 +12,6 @@
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
-#include "kernels/common/host/pdl_launch.h"
 
 namespace astrai {
 namespace {
