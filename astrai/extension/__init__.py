@@ -17,6 +17,7 @@ Example::
 from astrai.extension import loader
 from astrai.extension.backend.attention import ATTN_BACKEND, PagedKVCache, attention, attn_backend, set_op
 from astrai.extension.backend.gemm import quant_gemm
+from astrai.extension.backend.linear import Fp8Linear, QuantLinear, W8A8Linear, W8A16Linear, quantize_linear_
 from astrai.extension.backend.quantize import (DelayedScaling, DynamicScaling, fp8_autocast, fp8_scale_layout,
                                                 quantize_fp8, quantize_fp8_block, quantize_fp8_dynamic,
                                                 quantize_int8_per_channel, quantize_int8_per_row)
@@ -35,6 +36,8 @@ __all__ = [
     "quantize_int8_per_row", "quantize_int8_per_channel", "fp8_autocast", "DelayedScaling", "DynamicScaling",
     # GEMM
     "quant_gemm", "gemm_plan",
+    # linear layers
+    "quantize_linear_", "QuantLinear", "W8A16Linear", "W8A8Linear", "Fp8Linear",
     # the loader
     "loader", "info",
 ]

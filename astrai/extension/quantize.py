@@ -10,7 +10,7 @@ Example::
     q, sf = aq.quantize_fp8_block(x, block_rows=1, pow2_scale=True)
     packed = aq.fp8_scale_layout(sf, pack_ue8m0=True)
     with aq.fp8_autocast(recipe=aq.DelayedScaling(amax_history_len=16)):
-        y = model(x)                                  # aten::linear through fp8 + torch._scaled_mm
+        y = model(x)                                  # aten::linear through fp8 + quant_gemm
     hist = aq.AmaxHistory(16, qmax=448.0, device="cuda")
     hist.fold(amax)                                   # ring fold on the device; hist.scale: next multiplier
 """

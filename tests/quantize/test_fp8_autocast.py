@@ -327,3 +327,75 @@ def test_each_weight_has_its_own_state():
         b(torch.randn(16, 32) * 100)
     sa, sb = (ctx.states[id(m.weight)][1]["x"].amax_history for m in (a, b))
     assert sa is not sb and not torch.equal(sa.ring, sb.ring)
+
+
+# --- the GEMM each fp8 product runs on ---------------------------------------------------------------------------
+
+@pytest.fixture
+def ours_on_cpu(monkeypatch):
+    """fp8_autocast's GEMMs sent to `quant_gemm` (its torch path: the contract's math) as if its kernels served
+    them; returns the recorded (a.dtype, b.dtype, a.shape, b.shape, a_scale.shape, b_scale.shape, bias, out_dtype)."""
+    calls = []
+
+    def quant_gemm(a, b, *, a_scale, b_scale, bias, out_dtype, path):
+        assert path == "cuda"
+        calls.append((a.dtype, b.dtype, tuple(a.shape), tuple(b.shape), tuple(a_scale.shape), tuple(b_scale.shape),
+                      bias is not None, out_dtype))
+        return ae.quant_gemm(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out_dtype=out_dtype, path="torch")
+
+    monkeypatch.setattr(backend, "fp8_gemm_blocker", lambda *args: None)
+    monkeypatch.setattr(backend._gemm, "quant_gemm", quant_gemm)
+    return calls
+
+
+def _fp8_step(recipe, dtype, seed=0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(64, 48).to(dtype)
+    x = torch.randn(32, 64, dtype=dtype, requires_grad=True)
+    ctx = ae.fp8_autocast(recipe=recipe, devices=("cpu",))
+    outs = []
+    for _ in range(3):
+        x.grad = None
+        lin.zero_grad()
+        with ctx:
+            out = lin(x)
+        out.float().pow(2).mean().backward()
+        outs.append((out.detach().clone(), x.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("recipe", RECIPES, ids=RECIPE_IDS)
+def test_quant_gemm_route_matches_scaled_mm(recipe, dtype, ours_on_cpu):
+    """The forward, dgrad and wgrad GEMMs given to quant_gemm (operands, scales, bias, output dtype) compute what
+    torch._scaled_mm computes from the same quantized operands: equal up to float32 summation order."""
+    ours = _fp8_step(recipe, dtype)
+    assert len(ours_on_cpu) == 9  # three steps of forward, dgrad, wgrad
+    fwd = ours_on_cpu[0]
+    assert fwd[2:4] == ((32, 64), (48, 64)) and fwd[6] and fwd[7] == dtype
+    rowwise = isinstance(recipe, ae.DynamicScaling) and recipe.granularity == "row" and dtype == torch.bfloat16
+    assert fwd[4:6] == (((32, 1), (1, 48)) if rowwise else ((), ()))
+    fwd_dtype, bwd_dtype = backend._FORMATS[recipe.fp8_format]
+    assert ours_on_cpu[1][:4] == (bwd_dtype, torch.float8_e4m3fn, (32, 48), (64, 48))  # dgrad: g x (W^T)^T
+    assert ours_on_cpu[2][:4] == (bwd_dtype, torch.float8_e4m3fn, (48, 32), (64, 32))  # wgrad: g^T x (x^T)^T
+    assert not ours_on_cpu[1][6] and not ours_on_cpu[2][6]
+    ours_on_cpu.clear()
+    backend.fp8_gemm_blocker, saved = (lambda *args: "forced: the torch._scaled_mm route"), backend.fp8_gemm_blocker
+    try:
+        theirs = _fp8_step(recipe, dtype)
+    finally:
+        backend.fp8_gemm_blocker = saved
+    assert not ours_on_cpu
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # one rounding of the output apart at most
+    for step_ours, step_theirs in zip(ours, theirs):
+        for a, b in zip(step_ours, step_theirs):
+            assert _rel(a, b) < tol
+
+
+def test_scaled_mm_fallback_is_recorded_with_its_reason():
+    from astrai.extension import _fallbacks
+    lin = torch.nn.Linear(32, 16)
+    with ae.fp8_autocast(recipe=ae.DynamicScaling(), devices=("cpu",)):
+        lin(torch.randn(16, 32))
+    seen = [f for f in _fallbacks.snapshot()["reasons"] if f["op"] == "fp8_autocast"]
+    assert seen and seen[0]["backend"] == "torch._scaled_mm" and "not a CUDA device" in seen[0]["reason"]

@@ -192,13 +192,27 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
                     f"pass {name}.contiguous() or a padded copy)")
     if check_available and not _kernels_available():
         return "no image serves the gemm family here (python -m astrai.extension info says why)"
+    if check_available and a.dtype in FP8 and _fp8_code_arch(a.device.index) < 89:
+        return ("the loaded image has no fp8 mma code for this GPU (a PTX-only compute_80 image such as "
+                "ASTRAI_IMAGE=ptx80; python -m astrai.extension info)")
     return None
+
+
+@torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
+def _fp8_code_arch(index: int | None) -> int:
+    return ops.fp8_code_arch_in_image(torch.cuda.current_device() if index is None else index)
+
+
+def cuda_blocker(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None, bias=None,
+                 out: torch.Tensor | None = None, layout: str = "nt") -> str | None:
+    """Why `quant_gemm(..., path="auto")` would not give these arguments to the kernels now, or None."""
+    return _cuda_blocker(a, b, (a_scale, b_scale, bias), out, layout=layout)
 
 
 def select_path(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None, bias=None,
                 out: torch.Tensor | None = None, layout: str = "nt") -> str:
     """"cuda" or "torch": the path `quant_gemm(..., path="auto")` takes for these arguments now."""
-    return "torch" if _cuda_blocker(a, b, (a_scale, b_scale, bias), out, layout=layout) else "cuda"
+    return "torch" if cuda_blocker(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out=out, layout=layout) else "cuda"
 
 
 def _as_mk_kn(a: torch.Tensor, b: torch.Tensor, layout: int) -> tuple[torch.Tensor, torch.Tensor]:

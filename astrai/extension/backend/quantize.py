@@ -27,6 +27,7 @@ import torch
 
 from astrai.extension import _fallbacks, loader
 from astrai.extension.backend import _path
+from astrai.extension.backend import gemm as _gemm
 from astrai.extension._deprecation import renamed_kwarg
 from astrai.extension.ops import quantize as ops
 
@@ -392,7 +393,7 @@ class AmaxHistory:
 # ---- the FP8 strategy layer: recipes and fp8_autocast ------------------------------------------------------------
 #
 # fp8_autocast routes `aten::linear` (nn.Linear, F.linear, and C++ callers of at::linear) through fp8
-# quantization and `torch._scaled_mm`, forward and backward, while the context is active. It does so with a
+# quantization and an fp8 GEMM, forward and backward, while the context is active. It does so with a
 # Python kernel for aten::linear at the Autograd<Device> and <Device> dispatch keys of the routed device types
 # (the backend key serves inference_mode, which skips the autograd keys). Nothing is registered at import: the
 # outermost active context of any thread registers the kernel and the last one to leave destroys the
@@ -401,9 +402,11 @@ class AmaxHistory:
 # aten::linear's own CompositeImplicitAutograd kernel (`decompose`), the kernel dispatch would have picked.
 #
 # Forward: x [M, K] and W [N, K] quantized to e4m3 with both layouts (row-major for the forward GEMM,
-# transposed kept for the backward), out = _scaled_mm(xq, Wq^T) * scale_inv_x * scale_inv_w (+ bias).
+# transposed kept for the backward), out = mm(xq, Wq^T) * scale_inv_x * scale_inv_w (+ bias).
 # Backward: grad [M, N] quantized to the recipe's backward format with both layouts;
-#   grad_x = _scaled_mm(gq, (W^T)q^T), grad_W = _scaled_mm((g^T)q, (x^T)q^T), grad_bias = grad.sum(0).
+#   grad_x = mm(gq, (W^T)q^T), grad_W = mm((g^T)q, (x^T)q^T), grad_bias = grad.sum(0).
+# Each mm is `quant_gemm` in layout "nt" (both operands K-major: the Hopper kernels' layout) where its kernels
+# serve the call, else `torch._scaled_mm` (`_fp8_mm`; the fallback and its reason are recorded, `info` shows them).
 # Calls the GEMM cannot take (M, N or K not a multiple of 16, an input that is not bf16/fp16/fp32, a tensor
 # subclass, a device outside `devices`) run the plain linear.
 
@@ -483,28 +486,48 @@ def _quantize_both(t: torch.Tensor, dtype: torch.dtype, recipe, history: _Histor
     return q, q_t, inv.reshape(())
 
 
+SCALED_MM = "torch._scaled_mm"
+
+
+def fp8_gemm_blocker(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+                     bias: torch.Tensor | None) -> str | None:
+    """Why `quant_gemm`'s kernels cannot run one of fp8_autocast's GEMMs (then `torch._scaled_mm` does), or None."""
+    return _gemm.cuda_blocker(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias)
+
+
+def _fp8_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+            bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """`a [M, K] e4m3 / e5m2 x b [N, K]^T`, dequantized by a_scale ([] or [M, 1]) and b_scale ([] or [1, N]), plus
+    bias, as out_dtype: `quant_gemm` (layout "nt") where its kernels serve the call, else `torch._scaled_mm`
+    (the fallback recorded once per reason, shown by `info`)."""
+    reason = fp8_gemm_blocker(a, b, a_scale, b_scale, bias)
+    if reason is None:
+        return _gemm.quant_gemm(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out_dtype=out_dtype,
+                                path="cuda")
+    _fallbacks.record("fp8_autocast", reason, SCALED_MM, on_gpu=a.is_cuda)
+    # _scaled_mm: row-wise scales need a bf16 output, and no bias with a float32 output.
+    mm_bias = bias if out_dtype != torch.float32 else None
+    out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale, bias=mm_bias, out_dtype=out_dtype)
+    return out + bias if bias is not None and mm_bias is None else out
+
+
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, recipe, state):
         fwd, bwd = _FORMATS[recipe.fp8_format]
-        # _scaled_mm: row-wise scales need a bf16 output, and no bias with a float32 output.
-        mm_bias = bias if x2.dtype != torch.float32 else None
         if isinstance(recipe, DynamicScaling) and recipe.granularity == "row" and x2.dtype == torch.bfloat16:
             xq, _, sx = quantize_fp8_dynamic(x2, out_dtype=torch.float8_e4m3fn, granularity="row")
             wq, _, sw = quantize_fp8_dynamic(weight, out_dtype=torch.float8_e4m3fn, granularity="row")
-            out = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.reshape(1, -1), bias=mm_bias,
-                                   out_dtype=x2.dtype)
+            out = _fp8_mm(xq, wq, sx, sw.reshape(1, -1), bias, x2.dtype)
             ctx.save_for_backward(x2, weight)
             ctx.rowwise = True
         else:
             hist = state if isinstance(recipe, DelayedScaling) else None
             xq, x_t, sx_t = _quantize_both(x2, fwd, recipe, hist["x"] if hist else None)
             wq, w_t, sw_t = _quantize_both(weight, fwd, recipe, hist["w"] if hist else None)
-            out = torch._scaled_mm(xq, wq.t(), scale_a=sx_t, scale_b=sw_t, bias=mm_bias, out_dtype=x2.dtype)
+            out = _fp8_mm(xq, wq, sx_t, sw_t, bias, x2.dtype)
             ctx.save_for_backward(x_t, w_t, sx_t, sw_t)
             ctx.rowwise = False
-        if bias is not None and mm_bias is None:
-            out = out + bias
         ctx.recipe, ctx.state, ctx.bwd, ctx.has_bias, ctx.out_dtype = recipe, state, bwd, bias is not None, x2.dtype
         ctx.x_dtype, ctx.w_dtype = x2.dtype, weight.dtype
         return out
@@ -523,9 +546,9 @@ class _Fp8Linear(torch.autograd.Function):
         gq, g_t, sg = _quantize_both(grad, bwd, recipe, hist)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:  # [M, N] @ [N, K]: W^T's rows are W's columns
-            grad_x = torch._scaled_mm(gq, w_t.t(), scale_a=sg, scale_b=sw_t, out_dtype=ctx.x_dtype)
+            grad_x = _fp8_mm(gq, w_t, sg, sw_t, None, ctx.x_dtype)
         if ctx.needs_input_grad[1]:  # [N, M] @ [M, K]
-            grad_w = torch._scaled_mm(g_t, x_t.t(), scale_a=sg, scale_b=sx_t, out_dtype=ctx.w_dtype)
+            grad_w = _fp8_mm(g_t, x_t, sg, sx_t, None, ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(0).to(ctx.out_dtype)
         return grad_x, grad_w, grad_b, None, None
@@ -584,8 +607,10 @@ def routed_devices() -> tuple[str, ...]:
 
 
 class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
-    """Route `aten::linear` (nn.Linear, F.linear) through fp8 quantization and `torch._scaled_mm`, forward and
-    backward, inside the context.
+    """Route `aten::linear` (nn.Linear, F.linear) through fp8 quantization and an fp8 GEMM, forward and backward,
+    inside the context: `quant_gemm` where its kernels serve the call (a CUDA device of compute capability >= 8.9
+    with an image of the gemm family), else `torch._scaled_mm` (each such fallback recorded once per reason and
+    shown by `python -m astrai.extension info`).
 
     Importing registers nothing. Entering the outermost enabled context of the process registers a Python
     kernel for aten::linear at the dispatch keys of `devices` (AutogradCUDA and CUDA by default); leaving the

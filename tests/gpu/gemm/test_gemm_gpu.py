@@ -16,6 +16,7 @@ import torch
 from reference.gemm import quant_gemm as reference
 from support.bitwise import assert_bitwise_equal, assert_detects_perturbation
 
+import astrai.extension as ae
 from astrai.extension import loader
 from astrai.extension.ops import gemm as ops
 from astrai.extension.ops import gemm_plan
@@ -234,6 +235,21 @@ def test_fp8_refused():
     a, b = operand(E4, (16, 64)), operand(E4, (16, 64))
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*fp8"):
         ops.quant_gemm(a, b)
+
+
+def test_fp8_auto_path_falls_back_where_the_image_has_no_fp8_code():
+    """The policy knows what the op would refuse: under an image without fp8 mma code, path="auto" takes the
+    torch path (with the reason) instead of raising, and path="cuda" raises the reason."""
+    if not fp8_blocked():
+        pytest.skip("fp8 runs under this image (test_matches_float64 covers it)")
+    from astrai.extension.backend import gemm as backend
+    a, b = operand(E4, (32, 64)), operand(E4, (48, 64))
+    assert "no fp8 mma code" in backend.cuda_blocker(a, b)
+    got = ae.quant_gemm(a, b)
+    want = ae.quant_gemm(a, b, path="torch")
+    assert_bitwise_equal(got, want, "auto = torch path")
+    with pytest.raises((ValueError, RuntimeError), match="fp8"):
+        ae.quant_gemm(a, b, path="cuda")
 
 
 # --- the Hopper mainloop (recipes 4 and 5) ------------------------------------------------------------------

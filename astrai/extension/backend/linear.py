@@ -1,0 +1,248 @@
+"""Quantized linear layers on `quant_gemm`: the modules and `quantize_linear_`, which swaps a model's `nn.Linear`s.
+
+Three modes, each an `nn.Module` whose quantized weight and scales are buffers (saved in `state_dict`, moved by
+`.to()`, never cast by a dtype conversion):
+
+  w8a16   `W8A16Linear`: int8 weights, one float32 scale per output channel; bf16 / fp16 activations as they come.
+          y = quant_gemm(x, W_q, b_scale=s_w, bias)                         (pair w8a16)
+  w8a8    `W8A8Linear`: the same weights; activations quantized per token (row) to int8 on every call.
+          x_q, s_x = quantize_int8_per_row(x); y = quant_gemm(x_q, W_q, a_scale=s_x, b_scale=s_w, bias)
+  fp8     `Fp8Linear`: e4m3 weights with one float32 scale per output channel; activations quantized per token
+          to e4m3 on every call.
+          x_q, _, s_x = quantize_fp8_dynamic(x, granularity="row"); y = quant_gemm(x_q, W_q, a_scale=s_x, ...)
+
+Each call is the quantize kernel and the GEMM back to back on the current stream with no host sync, so the
+modules run under CUDA-graph capture and torch.compile (both ops have fake implementations). Where the kernels
+cannot serve a call (a CPU tensor, no image), `quant_gemm` and the quantize functions take their torch paths,
+which compute the same contract (docs/contracts.md, "Quantized linears").
+
+The modules are for inference: they have no backward (an input that requires grad under grad mode raises).
+`quantize_linear_` checks every candidate layer before it converts any, and reports each one it cannot take.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+
+import torch
+from torch import nn
+
+from astrai.extension import _fallbacks
+from astrai.extension.backend.gemm import quant_gemm
+from astrai.extension.backend.quantize import (quantize_fp8_dynamic, quantize_int8_per_channel,
+                                                quantize_int8_per_row)
+
+MODES = ("w8a16", "w8a8", "fp8")
+FN = "quantize_linear_"
+# Byte alignment the kernels' rows need: K of an 8-bit weight row and N of a 16-bit output row in 16-byte units.
+IN_FEATURES_MULTIPLE = 16
+OUT_FEATURES_MULTIPLE = 8
+_WEIGHT_DTYPES = {"w8a16": (torch.bfloat16, torch.float16),
+                  "w8a8": (torch.bfloat16, torch.float16, torch.float32),
+                  "fp8": (torch.bfloat16, torch.float16, torch.float32)}
+_QUANT_DTYPE = {"w8a16": torch.int8, "w8a8": torch.int8, "fp8": torch.float8_e4m3fn}
+_logger = logging.getLogger(_fallbacks.LOGGER_NAME)
+
+
+class QuantLinear(nn.Module):
+    """Base of the quantized linears: buffers `weight` ([out_features, in_features], int8 or e4m3),
+    `weight_scale` (float32 [out_features], the dequantization scale of each output channel) and `bias`
+    ([out_features] in the model's dtype, or None). Build one with `from_linear`, or empty (zeros) and fill it
+    with `load_state_dict`."""
+
+    mode = ""
+    _KEEP_DTYPE = ("weight", "weight_scale")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype: torch.dtype = torch.bfloat16,
+                 device=None):
+        super().__init__()
+        name = type(self).__name__
+        if in_features < 1 or out_features < 1:
+            raise ValueError(f"{name}: in_features and out_features must be >= 1, got {in_features}, {out_features}")
+        if dtype not in _WEIGHT_DTYPES[self.mode]:
+            raise ValueError(f"{name}: dtype must be one of {_WEIGHT_DTYPES[self.mode]}, got {dtype}")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=_QUANT_DTYPE[self.mode],
+                                                   device=device))
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "QuantLinear":
+        """A quantized copy of `linear` on its device (its weight quantized per output channel, its bias kept)."""
+        reason = unsupported_reason(linear, cls.mode)
+        if reason:
+            raise ValueError(f"{cls.__name__}.from_linear: linear {reason}")
+        w = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype=w.dtype, device=w.device)
+        if cls.mode == "fp8":
+            q, _, scale = quantize_fp8_dynamic(w, out_dtype=torch.float8_e4m3fn, granularity="row")
+        else:
+            q, scale = quantize_int8_per_channel(w)
+        module.weight.copy_(q)
+        module.weight_scale.copy_(scale.reshape(-1))
+        if linear.bias is not None:
+            module.bias.copy_(linear.bias.detach())
+        return module
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) / .half() cast every floating tensor, e4m3 weights and float32 scales included: move the
+        # quantized buffers to the new device but keep their dtype (the bias follows the conversion, as
+        # nn.Linear's does).
+        kept = {name: self._buffers.pop(name) for name in self._KEEP_DTYPE}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, t in kept.items():
+                moved = fn(t)
+                self._buffers[name] = moved if moved.dtype == t.dtype else t.to(device=moved.device)
+        return self
+
+    def _quantize_input(self, x2: torch.Tensor):
+        return x2, None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name = type(self).__name__
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError(f"{name}: x requires grad, but quantized linears have no backward; call the model "
+                               "under torch.no_grad() or torch.inference_mode(), or leave this layer an nn.Linear "
+                               "(quantize_linear_(..., skip=...))")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{name}: x must be [..., {self.in_features}] (in_features), got {list(x.shape)}")
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] == 0:
+            out_dtype = x.dtype
+            return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
+        a, a_scale = self._quantize_input(x2)
+        y = quant_gemm(a, self.weight, a_scale=a_scale, b_scale=self.weight_scale, bias=self.bias, out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"mode={self.mode!r}")
+
+
+class W8A16Linear(QuantLinear):
+    """int8 weights (per-channel scales), 16-bit activations: pair w8a16 of `quant_gemm`."""
+
+    mode = "w8a16"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"W8A16Linear: x must be torch.bfloat16 or torch.float16 (the w8a16 GEMM's "
+                             f"activations), got {x.dtype}")
+        return super().forward(x)
+
+
+class W8A8Linear(QuantLinear):
+    """int8 weights (per-channel scales), activations quantized to int8 per token on every call: pair w8a8."""
+
+    mode = "w8a8"
+
+    def _quantize_input(self, x2: torch.Tensor):
+        return quantize_int8_per_row(x2)
+
+
+class Fp8Linear(QuantLinear):
+    """e4m3 weights (per-channel scales), activations quantized to e4m3 per token on every call: pair fp8."""
+
+    mode = "fp8"
+
+    def _quantize_input(self, x2: torch.Tensor):
+        q, _, scale = quantize_fp8_dynamic(x2, out_dtype=torch.float8_e4m3fn, granularity="row")
+        return q, scale
+
+
+MODULES = {"w8a16": W8A16Linear, "w8a8": W8A8Linear, "fp8": Fp8Linear}
+
+
+def unsupported_reason(module: nn.Module, mode: str) -> str | None:
+    """Why `module` cannot become a quantized linear of `mode`, or None when it can."""
+    if type(module) is not nn.Linear:
+        return (f"is a {type(module).__name__}, a subclass of nn.Linear (its owner may read .weight itself); "
+                "skip it")
+    w = module.weight
+    if type(w) not in (torch.Tensor, nn.Parameter):
+        return f"has a weight of type {type(w).__name__} (already quantized or wrapped)"
+    if w.is_meta:
+        return "has its weight on the meta device (materialize the model first)"
+    if w.dtype not in _WEIGHT_DTYPES[mode]:
+        return f"has a {w.dtype} weight; mode {mode!r} takes {_WEIGHT_DTYPES[mode]}"
+    if module.bias is not None and (module.bias.dtype != w.dtype or module.bias.device != w.device):
+        return f"has a bias of {module.bias.dtype} on {module.bias.device}; expected its weight's {w.dtype} on {w.device}"
+    if module.in_features % IN_FEATURES_MULTIPLE:
+        return (f"has in_features = {module.in_features}, not a multiple of {IN_FEATURES_MULTIPLE} (16-byte rows of "
+                "8-bit weights)")
+    if module.out_features % OUT_FEATURES_MULTIPLE:
+        return (f"has out_features = {module.out_features}, not a multiple of {OUT_FEATURES_MULTIPLE} (16-byte rows "
+                "of the 16-bit output)")
+    return None
+
+
+def _skipper(skip):
+    if skip is None:
+        return lambda name, module: False
+    if callable(skip):
+        return skip
+    if isinstance(skip, str):
+        skip = (skip,)
+    patterns = tuple(skip)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"{FN}: skip must be None, a callable (name, module) -> bool, or names / glob patterns, "
+                        f"got {skip!r}")
+    return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def quantize_linear_(model: nn.Module, mode: str, *, skip=None) -> nn.Module:
+    """Swap every `nn.Linear` of `model` (in place) for the quantized linear of `mode` and return `model`.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Converted in place. Every `nn.Linear` not skipped must be convertible: bf16 / fp16 weights (fp32 too for
+        "w8a8" and "fp8"), in_features a multiple of 16, out_features a multiple of 8, a plain weight (not on the
+        meta device, not a tensor subclass), and exactly `nn.Linear` (a subclass may be read by its owner: skip it).
+        If any is not, ValueError lists each such layer by name and reason, and nothing is converted.
+    mode : {"w8a16", "w8a8", "fp8"}
+        `W8A16Linear`, `W8A8Linear` or `Fp8Linear` (see each).
+    skip : callable, str or iterable of str, optional
+        Layers to leave as they are: a predicate `skip(name, module)`, or qualified names / glob patterns
+        (`fnmatch`), e.g. `skip=["lm_head"]` or `skip="*.gate"`.
+
+    Example
+    -------
+    >>> quantize_linear_(model, "w8a16", skip=["lm_head"])
+    >>> with torch.inference_mode():
+    ...     logits = model(input_ids).logits
+    """
+    if mode not in MODULES:
+        raise ValueError(f"{FN}: mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{FN}: model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.Linear):
+        raise ValueError(f"{FN}: model is itself an nn.Linear; use {MODULES[mode].__name__}.from_linear(model)")
+    skipped = _skipper(skip)
+    places: dict[int, list[str]] = {}  # id(layer) -> every qualified name it is reached by (a layer may be shared)
+    layers, problems = {}, []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not isinstance(module, nn.Linear) or skipped(name, module):
+            continue
+        if id(module) not in layers:
+            reason = unsupported_reason(module, mode)
+            if reason:
+                problems.append(f"  {name}: {reason}")
+                continue
+            layers[id(module)] = module
+        places.setdefault(id(module), []).append(name)
+    if problems:
+        raise ValueError(f"{FN}: {len(problems)} layer(s) cannot become mode {mode!r}; nothing was converted (pass "
+                         "skip=... to leave them as they are):\n" + "\n".join(problems))
+    # Every layer quantized before any is swapped: a failure here leaves the model as it was.
+    converted = {key: MODULES[mode].from_linear(layer) for key, layer in layers.items()}
+    for key, names in places.items():
+        for name in names:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, converted[key])
+    _logger.info("%s: %d nn.Linear layer(s) -> %s (mode %r)", FN, len(converted), MODULES[mode].__name__, mode)
+    return model

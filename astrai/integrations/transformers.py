@@ -1,0 +1,132 @@
+"""Hugging Face transformers on astrai's attention: `register()` adds `attn_implementation="astrai"`.
+
+    import astrai.integrations.transformers as astrai_hf
+    astrai_hf.register()
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="astrai", dtype=torch.bfloat16)
+
+transformers stays optional: importing this module does not import it; `register()` does (and raises ImportError
+naming the pin the tests use when it is missing).
+
+What runs: the model's own code, cache and masks; each attention call goes to `astrai.extension.attention`, whose
+policy takes this package's CUDA kernels where they serve the call (bf16, head_dim 64 / 128 / 256, GQA) and its
+torch path otherwise (both logged as fallbacks, `python -m astrai.extension info`). q, K and V are read in place
+(transformers' `[B, H, L, D]` transposed to our `[B, L, H, D]`: no copy), and the mask transformers makes for sdpa
+(registered for "astrai" too) becomes our keep mask: None with causal attention, else `[B, Lq, L]` (prefill) or
+`[B, L]` (decode), which carries padding, sliding windows and any other pattern the model builds.
+
+What does not: a call that asks for something our attention does not compute — dropout, attention weights
+(`output_attentions`), logit soft-capping, attention sinks, a position bias, an additive (float) or per-head
+mask — runs transformers' sdpa instead, with the reason logged once (`fallback_reasons()` lists them).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from astrai.extension import _fallbacks
+
+NAME = "astrai"
+TESTED_VERSION = "5.17.0"  # the transformers the test environment pins (noxfile.py)
+OP = "transformers_attention"
+# kwargs transformers' models pass whose non-default value changes the result beyond what we compute.
+_UNSUPPORTED_KWARGS = {"softcap": "logit soft-capping (softcap)", "s_aux": "attention sinks (s_aux)",
+                       "sinks": "attention sinks", "position_bias": "a position bias",
+                       "output_attentions": "attention weights (output_attentions)"}
+
+_lock = threading.Lock()
+_reasons: dict[str, int] = {}
+
+
+def _transformers():
+    try:
+        import transformers
+        from transformers import masking_utils
+    except ImportError as exc:
+        raise ImportError(f"astrai.integrations.transformers: transformers is not installed ({exc}); it is an "
+                          f"optional dependency (tested with transformers=={TESTED_VERSION})") from exc
+    return transformers, masking_utils
+
+
+def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
+    with _lock:
+        _reasons[reason] = _reasons.get(reason, 0) + 1
+    _fallbacks.record(OP, reason, "transformers sdpa", on_gpu=query.is_cuda)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def unsupported_reason(query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float,
+                       kwargs: dict) -> str | None:
+    """Why a transformers attention call must run sdpa instead of `astrai.extension.attention`, or None."""
+    if dropout:
+        return f"dropout {dropout} (the kernels have none; model.eval() turns it off)"
+    for name, what in _UNSUPPORTED_KWARGS.items():
+        value = kwargs.get(name)
+        if isinstance(value, torch.Tensor) or value not in (None, False, 0):
+            return f"{what} is not supported"
+    if query.dim() != 4 or key.dim() != 4:
+        return f"q / K must be [B, H, L, D], got {list(query.shape)} / {list(key.shape)}"
+    if key.shape[-1] != query.shape[-1]:
+        return f"K's head_dim {key.shape[-1]} differs from q's {query.shape[-1]}"
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 4:
+            return f"a mask of type {type(attention_mask).__name__} (expected a 4-D bool tensor or None)"
+        if attention_mask.dtype != torch.bool:
+            return f"an additive {attention_mask.dtype} mask (only bool keep masks are taken)"
+        if attention_mask.shape[1] != 1:
+            return f"a per-head mask {list(attention_mask.shape)}"
+    return None
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: q `[B, Hq, Lq, D]`, K / V `[B, Hkv, L, D]` (the cache's,
+    after its update), mask None or bool `[B, 1, Lq, L]` (True = attend); returns (`[B, Lq, Hq, D]`, None)."""
+    from astrai.extension import attention
+
+    reason = unsupported_reason(query, key, attention_mask, dropout, kwargs)
+    if reason:
+        return _fallback(reason, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                         is_causal=is_causal, **kwargs)
+    q = query.transpose(1, 2)  # [B, Lq, Hq, D], a view
+    k, v = key.transpose(1, 2), value.transpose(1, 2)
+    q_len, kv_len = q.shape[1], k.shape[1]
+    causal = False
+    mask = None
+    if attention_mask is None:
+        # sdpa's rule: a model left without a mask is causal for a prefill (its queries and keys start together:
+        # an empty static cache holds keys past the queries, which sdpa crops too), and unmasked for one token.
+        causal = q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        if causal and kv_len > q_len:
+            k, v = k[:, :q_len], v[:, :q_len]
+    else:
+        mask = attention_mask[:, 0, :, : kv_len]  # [B, Lq, L]: padding, causality, windows all in it
+        if q_len == 1:
+            mask = mask[:, 0]  # [B, L], the decode kernels' form
+    out = attention(q, k, v, is_causal=causal, attn_mask=mask, scale=scaling)
+    return out, None
+
+
+def register(name: str = NAME) -> str:
+    """Register `attention_forward` (and transformers' sdpa mask maker) under `name` in transformers'
+    `AttentionInterface` / `AttentionMaskInterface`, so `attn_implementation=name` runs every attention of a
+    model on `astrai.extension.attention`. Idempotent; returns `name`."""
+    transformers, masking_utils = _transformers()
+    transformers.AttentionInterface.register(name, attention_forward)
+    masking_utils.AttentionMaskInterface.register(name, masking_utils.sdpa_mask)
+    return name
+
+
+def fallback_reasons() -> dict[str, int]:
+    """{reason: calls} of the attention calls sent to transformers' sdpa since the process started (or `reset`)."""
+    with _lock:
+        return dict(_reasons)
+
+
+def reset() -> None:
+    """Forget the fallback counts (tests)."""
+    with _lock:
+        _reasons.clear()

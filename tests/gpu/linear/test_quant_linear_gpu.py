@@ -1,0 +1,115 @@
+"""Tier 1 (GPU): the quantized linears on the kernels (the quantize kernel and quant_gemm, no fallback). Against the
+float64 reference of the module's buffers at awkward M; the torch path within a rounding; state_dict round trip
+bitwise; CUDA-graph replay and torch.compile (inductor) bitwise against eager; a module built on the CPU moved with
+`.to("cuda")`. Under ASTRAI_IMAGE=ptx80 fp8 takes the torch path (the image has no fp8 mma): checked to say so.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from reference import linear as ref
+from support.bitwise import GraphReplay, assert_bitwise_equal, assert_replay_matches_eager
+
+import astrai.extension as ae
+from astrai.extension import _fallbacks
+from astrai.extension.backend import gemm as gemm_backend
+from astrai.extension.backend import linear as backend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.requires_cuda_kernels("gemm"), pytest.mark.requires_cuda_kernels("quantize")]
+
+DEVICE = "cuda"
+MODES = ["w8a16", "w8a8", "fp8"]
+FIDELITY = {"w8a16": 0.02, "w8a8": 0.03, "fp8": 0.08}
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _fp8_served() -> bool:
+    a = torch.zeros(16, 16, device=DEVICE, dtype=torch.float8_e4m3fn)
+    return gemm_backend.cuda_blocker(a, a) is None
+
+
+def _skip_unserved(mode):
+    if mode == "fp8" and not _fp8_served():
+        pytest.skip("this image has no fp8 mma code for this GPU (test_fp8_falls_back_with_the_reason)")
+
+
+def _block(d=512, hidden=1536, vocab=1000):
+    model = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d),
+                                torch.nn.Linear(d, vocab + 24, bias=False))
+    return model.to(DEVICE, torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [1, 7, 129, 1000])
+@pytest.mark.parametrize("mode", MODES)
+def test_kernels_match_the_reference_with_no_fallback(mode, m):
+    _skip_unserved(mode)
+    lin = torch.nn.Linear(1024, 776).to(DEVICE, torch.bfloat16)
+    q = backend.MODULES[mode].from_linear(lin)
+    x = torch.randn(m, 1024, device=DEVICE, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        y_torch = backend.MODULES[mode].from_linear(copy.deepcopy(lin).cpu())(x.cpu())  # the torch paths
+        _fallbacks.reset()
+        y = q(x)
+    assert _fallbacks.snapshot()["reasons"] == [], "a CUDA call fell back to torch"
+    want = ref.quant_linear(q, x)
+    err = (y.double() - want).abs().max().item()
+    assert err <= 2.0**-7 * want.abs().max().item() + 1e-3, f"max error {err}"
+    assert _rel(y.cpu(), y_torch) < 2.0**-7
+    with torch.inference_mode():
+        assert _rel(y, lin(x)) < FIDELITY[mode]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_dict_round_trip_and_move_from_the_cpu(mode):
+    _skip_unserved(mode)
+    torch.manual_seed(0)
+    model = ae.quantize_linear_(_block(), mode)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    x = torch.randn(3, 33, 512, device=DEVICE, dtype=torch.bfloat16)
+    fresh = ae.quantize_linear_(_block().cpu(), mode)  # built on the CPU, loaded, then moved
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer))
+    fresh.to(DEVICE)
+    assert fresh[0].weight.is_cuda and fresh[0].weight.dtype == model[0].weight.dtype
+    with torch.inference_mode():
+        assert_bitwise_equal(fresh(x), model(x), "after save / load / .to(cuda)")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_graph_replay_matches_eager(mode):
+    _skip_unserved(mode)
+    model = ae.quantize_linear_(_block(), mode)
+    x = torch.randn(8, 512, device=DEVICE, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        replay = GraphReplay(lambda: model(x))
+        assert_replay_matches_eager(replay, lambda: model(x), lambda trial: x.normal_())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_compile_matches_eager(mode):
+    _skip_unserved(mode)
+    model = ae.quantize_linear_(_block(), mode)
+    compiled = torch.compile(copy.deepcopy(model), fullgraph=True)
+    for m in (1, 16, 300):
+        x = torch.randn(m, 512, device=DEVICE, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            assert_bitwise_equal(compiled(x), model(x), f"compiled vs eager, M = {m}")
+
+
+def test_fp8_falls_back_with_the_reason():
+    if _fp8_served():
+        pytest.skip("fp8 runs on the kernels under this image (the tests above cover it)")
+    q = ae.Fp8Linear.from_linear(torch.nn.Linear(256, 128).to(DEVICE, torch.bfloat16))
+    _fallbacks.reset()
+    with torch.inference_mode():
+        q(torch.randn(4, 256, device=DEVICE, dtype=torch.bfloat16))
+    reasons = [f["reason"] for f in _fallbacks.snapshot()["reasons"] if f["op"] == "quant_gemm"]
+    assert reasons and "no fp8 mma code" in reasons[0]

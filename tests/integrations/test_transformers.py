@@ -1,0 +1,142 @@
+"""Tier 0 (CPU): `attn_implementation="astrai"` in transformers (the pinned version), on the CPU through our
+attention's torch path. Covers: registration; greedy generation from a left-padded batch equal to sdpa's for a
+GQA Llama, a sliding-window Mistral and a head_dim 256 Gemma, with our attention really called in prefill (a
+[B, Lq, L] mask or causal) and decode; the calls we do not compute (soft-capping, dropout, float or per-head masks)
+sent to sdpa with their reason; quantized linears under a transformers model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import astrai.extension as ae  # noqa: E402
+import astrai.integrations.transformers as astrai_hf  # noqa: E402
+from astrai.extension.backend import attention as attention_backend  # noqa: E402
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0)
+
+
+def _model(kind: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
+    elif kind == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**TINY, sliding_window=5))
+    elif kind == "gemma":  # head_dim 256 with a small hidden size, as Gemma's configurations have
+        model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**{**TINY, "head_dim": 256}))
+    elif kind == "gemma2":  # logit soft-capping: not ours
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**TINY, attn_logit_softcapping=50.0,
+                                                                         sliding_window=8))
+    return model.to(dtype).eval()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 128, (3, 11), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Each astrai attention call made through the integration: (q_len, mask shape or None, is_causal)."""
+    seen = []
+    real = attention_backend.attention
+
+    def counting(q, k=None, v=None, **kw):
+        mask = kw.get("attn_mask")
+        seen.append((q.shape[1], None if mask is None else tuple(mask.shape), kw.get("is_causal")))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(ae, "attention", counting)
+    astrai_hf.reset()
+    return seen
+
+
+def _generate(model, impl, ids, mask, tokens=12):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False)
+
+
+def test_register_is_idempotent_and_named():
+    assert astrai_hf.register() == "astrai" and astrai_hf.register() == "astrai"
+    assert transformers.AttentionInterface._global_mapping["astrai"] is astrai_hf.attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    assert AttentionMaskInterface._global_mapping["astrai"] is sdpa_mask
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma"])
+def test_greedy_generation_equals_sdpa(kind, calls):
+    astrai_hf.register()
+    model = _model(kind)
+    ids, mask = _batch()
+    want = _generate(model, "sdpa", ids, mask)
+    assert not calls
+    got = _generate(model, "astrai", ids, mask)
+    assert torch.equal(got, want)
+    assert astrai_hf.fallback_reasons() == {}
+    layers = model.config.num_hidden_layers
+    assert len(calls) == layers * 12  # one prefill and eleven decode steps, every layer
+    assert calls[0] == (11, (3, 11, 11), False)  # the padded prefill: a keep mask [B, Lq, L]
+    # decode: [B, L] (the sliding-window cache keeps the window's keys only)
+    assert calls[layers] == (1, (3, 5 if kind == "mistral" else 12), False)
+
+
+def test_unpadded_prefill_is_causal_without_a_mask(calls):
+    astrai_hf.register()
+    model = _model("llama")
+    ids = torch.randint(1, 128, (2, 9))
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        want = model(ids).logits
+        model.set_attn_implementation("astrai")
+        got = model(ids).logits
+    assert calls[0] == (9, None, True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_soft_capping_runs_sdpa_with_the_reason(calls):
+    astrai_hf.register()
+    model = _model("gemma2")
+    ids, mask = _batch()
+    want = _generate(model, "sdpa", ids, mask, tokens=4)
+    got = _generate(model, "astrai", ids, mask, tokens=4)
+    assert torch.equal(got, want) and not calls
+    assert list(astrai_hf.fallback_reasons()) == ["logit soft-capping (softcap) is not supported"]
+
+
+def test_unsupported_reasons():
+    q, k = torch.zeros(1, 4, 3, 16), torch.zeros(1, 2, 3, 16)
+    why = astrai_hf.unsupported_reason
+    assert why(q, k, None, 0.0, {}) is None
+    assert why(q, k, torch.ones(1, 1, 3, 3, dtype=torch.bool), 0.0, {"softcap": None, "sliding_window": 4}) is None
+    assert "dropout 0.1" in why(q, k, None, 0.1, {})
+    assert "additive torch.float32 mask" in why(q, k, torch.zeros(1, 1, 3, 3), 0.0, {})
+    assert "per-head mask" in why(q, k, torch.ones(1, 4, 3, 3, dtype=torch.bool), 0.0, {})
+    assert "attention sinks" in why(q, k, None, 0.0, {"s_aux": torch.zeros(4)})
+    assert "attention weights" in why(q, k, None, 0.0, {"output_attentions": True})
+    assert "head_dim 8 differs" in why(q, torch.zeros(1, 2, 3, 8), None, 0.0, {})
+
+
+@pytest.mark.parametrize("mode", ["w8a16", "fp8"])
+def test_quantized_linears_under_a_transformers_model(mode):
+    astrai_hf.register()
+    model = _model("llama", torch.bfloat16)
+    ids, mask = _batch()
+    model.set_attn_implementation("astrai")
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        ae.quantize_linear_(model, mode, skip=["lm_head"])
+        got = model(input_ids=ids, attention_mask=mask).logits
+    assert isinstance(model.model.layers[0].self_attn.q_proj, ae.QuantLinear)
+    assert type(model.lm_head) is torch.nn.Linear
+    keep = mask.bool()
+    rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
+    assert rel < {"w8a16": 0.03, "fp8": 0.1}[mode], rel

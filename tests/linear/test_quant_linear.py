@@ -1,0 +1,196 @@
+"""Tier 0 (CPU): the quantized linears and `quantize_linear_` on the torch paths. Covers: weights quantized as
+the contract says (against the reference's own quantization, bitwise); outputs against the float64 reference of
+the module's buffers and near the original nn.Linear; state_dict round trip bitwise with a negative control;
+`.to()` keeping the quantized dtypes; shapes (leading dims, empty M); inference-only; the converter's skip rules,
+its module-by-module report with nothing half-converted, shared layers; torch.compile (aot_eager).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from reference import linear as ref
+from support.bitwise import assert_bitwise_equal
+
+import astrai.extension as ae
+from astrai.extension.backend import linear as backend
+
+MODES = ["w8a16", "w8a8", "fp8"]
+# Relative error of each mode's output against the unquantized bf16 linear (random weights and activations):
+# int8 per channel ~2^-8, e4m3 ~2^-4 per element, averaged down by K.
+FIDELITY = {"w8a16": 0.02, "w8a8": 0.03, "fp8": 0.08}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _linear(k=64, n=48, bias=True, dtype=torch.bfloat16) -> torch.nn.Linear:
+    lin = torch.nn.Linear(k, n, bias=bias).to(dtype)
+    with torch.no_grad():
+        lin.weight.mul_(torch.rand(n, 1, dtype=dtype) * 4)  # channels of different magnitude
+    return lin
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=64, hidden=128, vocab=96):
+        super().__init__()
+        self.up = torch.nn.Linear(d, hidden)
+        self.down = torch.nn.Linear(hidden, d, bias=False)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        return self.lm_head(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_from_linear_quantizes_per_channel_and_matches_the_reference(mode, bias):
+    lin = _linear(bias=bias)
+    q = backend.MODULES[mode].from_linear(lin)
+    want_q, want_scale = ref.quantized_weight(lin.weight.detach(), mode)
+    assert_bitwise_equal(q.weight, want_q, "quantized weight")
+    assert_bitwise_equal(q.weight_scale, want_scale.float(), "weight scale")
+    assert q.weight.dtype == (torch.float8_e4m3fn if mode == "fp8" else torch.int8)
+    assert (q.bias is None) == (not bias)
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = q(x)
+    assert y.shape == (3, 5, 48) and y.dtype == torch.bfloat16
+    want = ref.quant_linear(q, x)
+    assert _rel(y, want) < 2.0**-7  # one bf16 rounding of the output
+    assert (y.double() - want).abs().max() <= 2.0**-7 * want.abs().max() + 1e-6
+    with torch.no_grad():
+        assert _rel(y, lin(x)) < FIDELITY[mode]
+
+
+@pytest.mark.parametrize("mode", ["w8a8", "fp8"])
+def test_float32_models_run_w8a8_and_fp8(mode):
+    lin = _linear(dtype=torch.float32)
+    q = backend.MODULES[mode].from_linear(lin)
+    x = torch.randn(7, 64)
+    with torch.no_grad():
+        y = q(x)
+    assert y.dtype == torch.float32 and _rel(y, ref.quant_linear(q, x)) < 1e-5
+
+
+def test_w8a16_wants_16_bit_activations():
+    q = ae.W8A16Linear.from_linear(_linear())
+    with torch.no_grad(), pytest.raises(ValueError, match=r"W8A16Linear: x must be torch.bfloat16 or torch.float16"):
+        q(torch.randn(4, 64))
+    with pytest.raises(ValueError, match=r"W8A16Linear.from_linear: linear has a torch.float32 weight"):
+        ae.W8A16Linear.from_linear(_linear(dtype=torch.float32))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shapes_and_bad_input(mode):
+    q = backend.MODULES[mode].from_linear(_linear())
+    with torch.no_grad():
+        empty = q(torch.randn(0, 64, dtype=torch.bfloat16))
+        assert empty.shape == (0, 48)
+        assert q(torch.randn(64, dtype=torch.bfloat16)).shape == (48,)
+        with pytest.raises(ValueError, match=rf"{type(q).__name__}: x must be \[\.\.\., 64\] \(in_features\), got"):
+            q(torch.randn(4, 63, dtype=torch.bfloat16))
+    x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="quantized linears have no backward"):
+        q(x)
+    with torch.no_grad():
+        q(x)  # fine without grad mode
+    with pytest.raises(ValueError, match="in_features and out_features must be >= 1"):
+        type(q)(0, 8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_dict_round_trip_is_bitwise(mode):
+    torch.manual_seed(1)
+    model = ae.quantize_linear_(Block().to(torch.bfloat16), mode)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    assert set(model.state_dict()) == {"up.weight", "up.weight_scale", "up.bias", "down.weight", "down.weight_scale",
+                                       "lm_head.weight", "lm_head.weight_scale"}
+    torch.manual_seed(2)
+    fresh = ae.quantize_linear_(Block().to(torch.bfloat16), mode)  # other random weights
+    x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want, before = model(x), fresh(x)
+        assert not torch.equal(before, want)  # negative control: the load below is what makes them equal
+        buffer.seek(0)
+        fresh.load_state_dict(torch.load(buffer))
+        assert_bitwise_equal(fresh(x), want, "outputs after load_state_dict")
+
+
+def test_to_keeps_the_quantized_dtypes():
+    q = ae.Fp8Linear.from_linear(_linear())
+    weight, scale = q.weight.clone(), q.weight_scale.clone()
+    q.to(torch.float16)
+    assert q.weight.dtype == torch.float8_e4m3fn and q.weight_scale.dtype == torch.float32
+    assert q.bias.dtype == torch.float16  # the bias follows the model, as nn.Linear's does
+    assert_bitwise_equal(q.weight, weight)
+    assert_bitwise_equal(q.weight_scale, scale)
+    q.half().to("cpu").bfloat16()
+    assert q.weight.dtype == torch.float8_e4m3fn and q.weight_scale.dtype == torch.float32
+    assert q.bias.dtype == torch.bfloat16
+    assert "mode='fp8'" in repr(q)
+
+
+def test_quantize_linear_swaps_every_linear_and_honours_skip():
+    model = Block().to(torch.bfloat16)
+    lm_head = model.lm_head
+    assert ae.quantize_linear_(model, "w8a16", skip=["lm_head"]) is model
+    assert isinstance(model.up, ae.W8A16Linear) and isinstance(model.down, ae.W8A16Linear)
+    assert model.lm_head is lm_head
+    model = ae.quantize_linear_(Block().to(torch.bfloat16), "fp8", skip="d*")
+    assert type(model.down) is torch.nn.Linear and isinstance(model.up, ae.Fp8Linear)
+    model = ae.quantize_linear_(Block().to(torch.bfloat16), "w8a8", skip=lambda name, m: m.out_features == 96)
+    assert type(model.lm_head) is torch.nn.Linear and isinstance(model.up, ae.W8A8Linear)
+
+
+def test_nothing_is_half_converted_and_each_bad_layer_is_named():
+    model = Block().to(torch.bfloat16)
+    model.odd = torch.nn.Linear(64, 10).to(torch.bfloat16)        # out_features not a multiple of 8
+    model.wide = torch.nn.Linear(40, 64).to(torch.bfloat16)       # in_features not a multiple of 16
+    model.mha = torch.nn.MultiheadAttention(64, 4).to(torch.bfloat16)  # out_proj: an nn.Linear subclass
+    before = {name: m for name, m in model.named_modules()}
+    with pytest.raises(ValueError) as info:
+        ae.quantize_linear_(model, "w8a16")
+    message = str(info.value)
+    assert "3 layer(s) cannot become mode 'w8a16'; nothing was converted" in message
+    assert "odd: has out_features = 10" in message and "wide: has in_features = 40" in message
+    assert "mha.out_proj: is a NonDynamicallyQuantizableLinear" in message
+    assert {name: m for name, m in model.named_modules()} == before
+    ae.quantize_linear_(model, "w8a16", skip=["odd", "wide", "mha.*"])
+    assert isinstance(model.up, ae.W8A16Linear) and type(model.odd) is torch.nn.Linear
+
+
+def test_dtypes_and_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"up: has a torch.float32 weight; mode 'w8a16' takes"):
+        ae.quantize_linear_(Block(), "w8a16")
+    with pytest.raises(ValueError, match=r"quantize_linear_: mode must be one of \('w8a16', 'w8a8', 'fp8'\), got 'int4'"):
+        ae.quantize_linear_(Block(), "int4")
+    with pytest.raises(ValueError, match="model is itself an nn.Linear; use Fp8Linear.from_linear"):
+        ae.quantize_linear_(_linear(), "fp8")
+    with pytest.raises(TypeError, match="skip must be None, a callable"):
+        ae.quantize_linear_(Block(), "fp8", skip=[3])
+    with pytest.raises(ValueError, match="has its weight on the meta device"):
+        with torch.device("meta"):
+            meta = Block()
+        ae.quantize_linear_(meta, "fp8")
+
+
+def test_a_shared_layer_becomes_one_shared_module():
+    model = Block().to(torch.bfloat16)
+    model.alias = model.up
+    ae.quantize_linear_(model, "w8a8")
+    assert isinstance(model.up, ae.W8A8Linear) and model.alias is model.up
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_compile_matches_eager(mode):
+    model = ae.quantize_linear_(Block().to(torch.bfloat16), mode)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert_bitwise_equal(compiled(x), model(x), "compiled vs eager")
