@@ -212,7 +212,8 @@ def cuda_blocker(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None
 def select_path(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None, bias=None,
                 out: torch.Tensor | None = None, layout: str = "nt") -> str:
     """"cuda" or "torch": the path `quant_gemm(..., path="auto")` takes for these arguments now."""
-    return "torch" if cuda_blocker(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out=out, layout=layout) else "cuda"
+    reason = cuda_blocker(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out=out, layout=layout)
+    return "torch" if reason else "cuda"
 
 
 def _as_mk_kn(a: torch.Tensor, b: torch.Tensor, layout: int) -> tuple[torch.Tensor, torch.Tensor]:

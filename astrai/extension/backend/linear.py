@@ -170,7 +170,8 @@ def unsupported_reason(module: nn.Module, mode: str) -> str | None:
     if w.dtype not in _WEIGHT_DTYPES[mode]:
         return f"has a {w.dtype} weight; mode {mode!r} takes {_WEIGHT_DTYPES[mode]}"
     if module.bias is not None and (module.bias.dtype != w.dtype or module.bias.device != w.device):
-        return f"has a bias of {module.bias.dtype} on {module.bias.device}; expected its weight's {w.dtype} on {w.device}"
+        return (f"has a bias of {module.bias.dtype} on {module.bias.device}; expected its weight's {w.dtype} on "
+                f"{w.device}")
     if module.in_features % IN_FEATURES_MULTIPLE:
         return (f"has in_features = {module.in_features}, not a multiple of {IN_FEATURES_MULTIPLE} (16-byte rows of "
                 "8-bit weights)")

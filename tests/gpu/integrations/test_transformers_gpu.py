@@ -73,7 +73,8 @@ def test_greedy_generation_matches_sdpa(name):
     if len(diff):
         b, t = diff[0].tolist()
         top2 = want_scores[b, t].float().topk(2).values
-        first = f"; first divergence: sequence {b}, token {t}, sdpa's top-2 logit margin {(top2[0] - top2[1]).item():.4f}"
+        margin = (top2[0] - top2[1]).item()
+        first = f"; first divergence: sequence {b}, token {t}, sdpa's top-2 logit margin {margin:.4f}"
     print(f"{name}: {same:.2%} of {got.numel()} generated tokens equal sdpa's{first}")
     assert same >= 0.99, f"{same:.2%} of positions equal{first}"
 
