@@ -1,0 +1,215 @@
+"""End-to-end model benchmark (not gated): a Llama-3-8B-shaped transformers model with fewer layers, randomly
+initialised from the real configuration (nothing is downloaded), under four setups timed in one run:
+
+  hf       transformers + sdpa + bf16 nn.Linear (cuBLAS): the baseline a user has
+  bf16     attn_implementation="astrai" (our attention), bf16 nn.Linear
+  w8a16    ours + quantize_linear_(model, "w8a16") (every linear, lm_head included)
+  fp8      ours + quantize_linear_(model, "fp8")
+
+Per setup and batch (1, 8, 64): prefill tokens/s (one forward over `PROMPT` tokens a sequence, DynamicCache) and
+decode tokens/s, each two ways: eager (what `model(...)` costs as written, host included) and graphed (a StaticCache
+decode step captured in a CUDA graph and replayed: the GPU's time; skipped with the error where capture fails).
+Then one graphed decode step per setup at batch 1 and 64 under torch.profiler, its CUDA time split into attention,
+GEMM and the rest by kernel name (the unclassified names printed). Writes `$OUT/models.json` when OUT is set.
+
+    PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick]     # from the repository root, on a GPU
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+import torch  # noqa: E402
+
+import gpu_timing  # noqa: E402
+
+DEVICE = "cuda"
+LAYERS = 8
+PROMPT = 512
+DECODE_STEPS = 32
+BATCHES = (1, 8, 64)
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                 head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5, vocab_size=128256, num_hidden_layers=LAYERS,
+                 max_position_embeddings=8192, pad_token_id=0)
+SETUPS = ("hf", "bf16", "w8a16", "fp8")
+# Kernel-name fragments of each part of a decode step (lower case); anything else is "rest".
+ATTENTION_KERNELS = ("attn", "flash", "fmha", "sdpa", "softmax", "attention")
+GEMM_KERNELS = ("gemm", "gemv", "cutlass", "xmma", "nvjet", "quant_gemm", "splitk", "sm90_", "sm80_")
+
+
+def build(setup: str, base):
+    import astrai.extension as ae
+    model = copy.deepcopy(base)
+    model.set_attn_implementation("sdpa" if setup == "hf" else "astrai")
+    if setup in ("w8a16", "fp8"):
+        ae.quantize_linear_(model, setup)
+    return model
+
+
+def timed(fn, repeats: int = 5) -> float:
+    """Median seconds of fn() (synchronized), after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def prefill_eager(model, batch: int) -> float:
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    with torch.inference_mode():
+        return batch * PROMPT / timed(lambda: model(input_ids=ids, use_cache=True))
+
+
+def decode_eager(model, batch: int) -> float:
+    from transformers import DynamicCache
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
+
+    def run():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(DECODE_STEPS):
+            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    with torch.inference_mode():
+        run()
+        seconds = statistics.median(run() for _ in range(3))
+    return batch * DECODE_STEPS / seconds
+
+
+def decode_graph(model, batch: int):
+    """(tokens/s, replay callable) of a StaticCache decode step at position PROMPT captured in a CUDA graph."""
+    from transformers import StaticCache
+    max_len = PROMPT + DECODE_STEPS + 8
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
+    position = torch.tensor([PROMPT], device=DEVICE)
+    with torch.inference_mode():
+        model(input_ids=ids, past_key_values=cache, use_cache=True,
+              cache_position=torch.arange(PROMPT, device=DEVICE))
+        step = lambda: model(input_ids=nxt, past_key_values=cache, use_cache=True, cache_position=position)  # noqa
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    replays = 20
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / replays
+    return batch / seconds, graph.replay
+
+
+def breakdown(replay) -> dict:
+    """CUDA microseconds of one replayed decode step by part, and the unclassified kernel names."""
+    from torch.profiler import ProfilerActivity, profile
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            replay()
+        torch.cuda.synchronize()
+    parts = {"attention": 0.0, "gemm": 0.0, "rest": 0.0}
+    other = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if not us:
+            continue
+        name = event.key.lower()
+        part = ("attention" if any(f in name for f in ATTENTION_KERNELS) else
+                "gemm" if any(f in name for f in GEMM_KERNELS) else "rest")
+        parts[part] += us / 5
+        if part == "rest":
+            other[event.key[:80]] = other.get(event.key[:80], 0.0) + us / 5
+    parts["rest_top"] = sorted(other.items(), key=lambda kv: -kv[1])[:6]
+    return parts
+
+
+def main(argv: list[str]) -> int:
+    import transformers
+
+    import astrai.integrations.transformers as astrai_hf
+    quick = argv[:1] == ["quick"]
+    batches = (1, 64) if quick else BATCHES
+    astrai_hf.register()
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA3_8B)).to(torch.bfloat16).eval()
+    record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
+              "decode_steps": DECODE_STEPS, "transformers": transformers.__version__, "rows": []}
+    print(f"Llama-3-8B-shaped, {LAYERS} layers, prompt {PROMPT}, {DECODE_STEPS} decode steps; tokens/s")
+    print(f"{'setup':6} {'B':>3} | {'prefill':>9} {'decode eager':>12} {'decode graph':>12}")
+    breakdowns = {}
+    for setup in SETUPS:
+        model = build(setup, base)
+        for batch in batches:
+            row = {"setup": setup, "batch": batch}
+            for key, fn in (("prefill", prefill_eager), ("decode_eager", decode_eager)):
+                try:
+                    row[key] = fn(model, batch)
+                except Exception as exc:  # report and go on: one setup's failure must not hide the others
+                    row[key] = None
+                    row[key + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            try:
+                row["decode_graph"], replay = decode_graph(model, batch)
+                if batch in (1, 64):
+                    breakdowns[(setup, batch)] = row["breakdown"] = breakdown(replay)
+            except Exception as exc:
+                row["decode_graph"] = None
+                row["decode_graph_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                traceback.print_exc(limit=3)
+            record["rows"].append(row)
+            cells = [f"{row[k]:>{w}.0f}" if row[k] else f"{'failed':>{w}}"
+                     for k, w in (("prefill", 9), ("decode_eager", 12), ("decode_graph", 12))]
+            errors = "".join(f"  [{k}: {v}]" for k, v in row.items() if k.endswith("error"))
+            print(f"{setup:6} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    base_rows = {r["batch"]: r for r in record["rows"] if r["setup"] == "hf"}
+    print("\nratios to hf (same batch): prefill, decode eager, decode graph")
+    for r in record["rows"]:
+        if r["setup"] == "hf":
+            continue
+        b = base_rows.get(r["batch"], {})
+        ratio = lambda key: (f"{r[key] / b[key]:.2f}x" if r.get(key) and b.get(key) else "-")  # noqa: E731
+        print(f"{r['setup']:6} {r['batch']:>3} | {ratio('prefill'):>7} {ratio('decode_eager'):>7} "
+              f"{ratio('decode_graph'):>7}")
+    print("\ngraphed decode step, CUDA microseconds: attention / GEMM / rest (top unclassified kernels)")
+    for (setup, batch), parts in breakdowns.items():
+        print(f"{setup:6} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
+              + "; ".join(f"{n} {us:.1f}" for n, us in parts["rest_top"][:3]))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "models.json").write_text(json.dumps(record, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
