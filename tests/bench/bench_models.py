@@ -10,7 +10,8 @@ Per setup and batch (1, 8, 64): prefill tokens/s (one forward over `PROMPT` toke
 decode tokens/s, each two ways: eager (what `model(...)` costs as written, host included) and graphed (a StaticCache
 decode step captured in a CUDA graph and replayed: the GPU's time; skipped with the error where capture fails).
 Then one graphed decode step per setup at batch 1 and 64 under torch.profiler, its CUDA time split into attention,
-GEMM and the rest by kernel name (the unclassified names printed). Writes `$OUT/models.json` when OUT is set.
+GEMM and the rest by kernel name (the unclassified names printed); last, one training step (forward and backward)
+of two such layers in bf16 against fp8_autocast's recipes. Writes `$OUT/models.json` when OUT is set.
 
     PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick]     # from the repository root, on a GPU
 """
@@ -152,6 +153,42 @@ def breakdown(replay) -> dict:
     return parts
 
 
+def training_steps(layers: int = 2, batch: int = 4, seq: int = 1024) -> dict:
+    """Milliseconds of one training step (forward, backward, no optimizer) of a Llama-3-8B-shaped model with `layers`
+    layers (sdpa attention: ours has no backward), bf16 against fp8_autocast's recipes, and the ratio."""
+    import transformers
+
+    import astrai.extension as ae
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**LLAMA3_8B, "num_hidden_layers": layers, "vocab_size": 32000},
+                                      attn_implementation="sdpa")
+    with torch.device(DEVICE):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
+    ids = torch.randint(1, 32000, (batch, seq), device=DEVICE)
+    results = {}
+    for name, ctx in (("bf16", None), ("fp8 delayed", ae.fp8_autocast(recipe=ae.DelayedScaling())),
+                      ("fp8 dynamic", ae.fp8_autocast(recipe=ae.DynamicScaling())),
+                      ("fp8 dynamic-row", ae.fp8_autocast(recipe=ae.DynamicScaling("row")))):
+        def step():
+            model.zero_grad(set_to_none=True)
+            if ctx is None:
+                loss = model(input_ids=ids, labels=ids).loss
+            else:
+                with ctx:
+                    loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        try:
+            results[name] = timed(step) * 1e3
+        except Exception as exc:
+            results[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    print(f"\ntraining step, {layers} Llama-3-8B layers, batch {batch} x {seq} tokens (forward + backward), ms:")
+    for name, ms in results.items():
+        ratio = f"{results['bf16'] / ms:.2f}x bf16" if isinstance(ms, float) and isinstance(results["bf16"], float) \
+            else ""
+        print(f"  {name:16} {ms if isinstance(ms, str) else f'{ms:8.2f}'}  {ratio}")
+    return results
+
+
 def main(argv: list[str]) -> int:
     import transformers
 
@@ -205,6 +242,7 @@ def main(argv: list[str]) -> int:
     for (setup, batch), parts in breakdowns.items():
         print(f"{setup:6} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
               + "; ".join(f"{n} {us:.1f}" for n, us in parts["rest_top"][:3]))
+    record["training"] = training_steps()
     out = os.environ.get("OUT")
     if out:
         Path(out, "models.json").write_text(json.dumps(record, indent=1, default=str))

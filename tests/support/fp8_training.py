@@ -128,3 +128,76 @@ def assert_same_training(got, want):
         for j, (gs, ws) in enumerate(zip(g_states, w_states)):
             for name, g, w in zip(("scale", "scale_inv", "ring", "pos"), gs, ws):
                 assert torch.equal(g.reshape(-1), w.reshape(-1)), f"step {step}, history {j}: {name} differs"
+
+
+# ---- a small transformer trained with and without fp8 ---------------------------------------------------------
+
+class TinyLM(torch.nn.Module):
+    """A pre-norm causal transformer LM: embedding, `layers` encoder layers (multi-head attention and a GELU MLP, every
+    projection an nn.Linear / F.linear call), a vocabulary head."""
+
+    def __init__(self, vocab=64, d=128, heads=4, layers=2):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=True,
+                                             norm_first=True) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device, dtype=x.dtype)
+        for block in self.blocks:
+            x = block(x, src_mask=causal, is_causal=True)
+        return self.head(x)
+
+
+def markov_batches(steps: int, batch: int, seq: int, vocab: int, device, seed: int = 3):
+    """Token sequences where the next token is a fixed permutation of the current one with probability 1/2, else
+    uniform: the best achievable loss is ~2.73 nats at vocab 64, so a curve has a floor to track."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(vocab, generator=gen)
+    out = []
+    for _ in range(steps):
+        ids = torch.empty(batch, seq, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, vocab, (batch,), generator=gen)
+        for t in range(1, seq):
+            follow = torch.rand(batch, generator=gen) < 0.5
+            ids[:, t] = torch.where(follow, perm[ids[:, t - 1]], torch.randint(0, vocab, (batch,), generator=gen))
+        out.append(ids.to(device))
+    return out
+
+
+def train_lm(recipe, device: str, steps: int, dtype: torch.dtype, *, batch=16, seq=32, vocab=64, lr=3e-3):
+    """(per-step training losses, how many distinct weights went through fp8) of TinyLM (AdamW) on markov_batches,
+    under one fp8_autocast object for `recipe` (None: no fp8). The same initial weights and data for every recipe."""
+    torch.manual_seed(21)
+    model = TinyLM(vocab).to(device, dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    ctx = ae.fp8_autocast(recipe=recipe, devices=(torch.device(device).type,)) if recipe is not None else None
+    routed = set()
+    if ctx is not None:
+        fp8_linear = ctx._fp8_linear
+        ctx._fp8_linear = lambda x, w, b: (routed.add(id(w)), fp8_linear(x, w, b))[1]
+    losses = []
+    for ids in markov_batches(steps, batch, seq, vocab, device):
+        opt.zero_grad()
+        if ctx is not None:
+            with ctx:
+                logits = model(ids[:, :-1])
+        else:
+            logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, len(routed)
+
+
+def window_means(losses: list[float], window: int) -> list[float]:
+    return [sum(losses[i:i + window]) / window for i in range(0, len(losses) - window + 1, window)]
+
+
+def curve_gap(got: list[float], want: list[float], window: int) -> float:
+    """The largest |difference| of the two loss curves' window means, relative to the reference's window mean."""
+    return max(abs(g - w) / w for g, w in zip(window_means(got, window), window_means(want, window)))
