@@ -14,6 +14,9 @@ torch path otherwise (both logged as fallbacks, `python -m astrai.extension info
 (registered for "astrai" too) becomes our keep mask: None with causal attention, else `[B, Lq, L]` (prefill) or
 `[B, L]` (decode), which carries padding, sliding windows and any other pattern the model builds.
 
+Rotary: `patch_rotary()` (opt-in, process-wide) sends the rotary embedding of Llama-family models to our rotary kernel
+(see ROTARY_MODELS); `unpatch_rotary()` undoes it.
+
 What does not: a call that asks for something our attention does not compute — dropout, attention weights
 (`output_attentions`), logit soft-capping, attention sinks, a position bias, an additive (float) or per-head
 mask — runs transformers' sdpa instead, with the reason logged once (`fallback_reasons()` lists them).
@@ -118,6 +121,80 @@ def register(name: str = NAME) -> str:
     transformers.AttentionInterface.register(name, attention_forward)
     masking_utils.AttentionMaskInterface.register(name, masking_utils.sdpa_mask)
     return name
+
+
+# ---- rotary ------------------------------------------------------------------------------------------------------
+#
+# These models apply rotary embeddings with one module-level function, `apply_rotary_pos_emb(q, k, cos, sin,
+# unsqueeze_dim=1)` over q / k `[B, H, L, D]` and per-token cos / sin `[B, L, D]` (two equal halves: the NeoX pairing
+# (i, i + D/2) that `rotate_half` implements), looked up by name at each call. `patch_rotary()` replaces that name
+# in each module whose function is still this one (its source is compared with Llama's), as other kernel libraries
+# patch transformers: process-wide, for every model of those types, until `unpatch_rotary()`.
+ROTARY_MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                 "gemma3", "granite")
+_patched: dict[str, object] = {}  # module name -> its original apply_rotary_pos_emb
+
+
+def _source(fn) -> str:
+    import inspect
+    import re
+    text = re.sub(r'""".*?"""', "", inspect.getsource(fn), flags=re.S)
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def _rotary(original):
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if (unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape[-1] != q.shape[-1]
+                or q.shape[-1] % 2 or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))):
+            return original(q, k, cos, sin, unsqueeze_dim)  # a layout (or a gradient) we do not take
+        from astrai.extension import apply_rotary_emb_qk
+        half = q.shape[-1] // 2
+        q_rot, k_rot = apply_rotary_emb_qk(q.transpose(1, 2), k.transpose(1, 2), (cos[..., :half], sin[..., :half]))
+        return q_rot.transpose(1, 2), k_rot.transpose(1, 2)
+
+    apply_rotary_pos_emb.astrai_original = original
+    return apply_rotary_pos_emb
+
+
+def patch_rotary(models=ROTARY_MODELS) -> dict[str, str]:
+    """Route the rotary embedding of these transformers model types through `astrai.extension.apply_rotary_emb_qk`
+    (our kernel for bf16 CUDA tensors without a gradient, its torch path otherwise; float32 arithmetic rounded once,
+    where transformers computes in the activations' dtype). Returns {model: "patched" | why not}; a model whose
+    function is not Llama's (another layout) is left alone."""
+    import importlib
+    _transformers()
+    llama = importlib.import_module("transformers.models.llama.modeling_llama").apply_rotary_pos_emb
+    reference = _source(getattr(llama, "astrai_original", llama))
+    report = {}
+    with _lock:
+        for name in models:
+            module_name = f"transformers.models.{name}.modeling_{name}"
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                report[name] = f"not importable ({exc})"
+                continue
+            fn = getattr(module, "apply_rotary_pos_emb", None)
+            if fn is None:
+                report[name] = "has no apply_rotary_pos_emb"
+            elif module_name in _patched:
+                report[name] = "patched"
+            elif _source(fn) != reference:
+                report[name] = "its apply_rotary_pos_emb differs from Llama's (another layout): left alone"
+            else:
+                _patched[module_name] = fn
+                module.apply_rotary_pos_emb = _rotary(fn)
+                report[name] = "patched"
+    return report
+
+
+def unpatch_rotary() -> None:
+    """Restore every function `patch_rotary` replaced."""
+    import importlib
+    with _lock:
+        for module_name, original in _patched.items():
+            importlib.import_module(module_name).apply_rotary_pos_emb = original
+        _patched.clear()
 
 
 def fallback_reasons() -> dict[str, int]:

@@ -140,3 +140,46 @@ def test_quantized_linears_under_a_transformers_model(mode):
     keep = mask.bool()
     rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
     assert rel < {"w8a16": 0.03, "fp8": 0.1}[mode], rel
+
+
+@pytest.fixture
+def rotary_patched():
+    report = astrai_hf.patch_rotary()
+    yield report
+    astrai_hf.unpatch_rotary()
+
+
+def test_patch_rotary_routes_llama_family_models_and_unpatches(rotary_patched, monkeypatch):
+    from transformers.models.llama import modeling_llama
+    from transformers.models.phi3 import modeling_phi3
+    assert rotary_patched["llama"] == "patched" and rotary_patched["gemma"] == "patched"
+    assert hasattr(modeling_llama.apply_rotary_pos_emb, "astrai_original")
+    assert "differs from Llama's" in astrai_hf.patch_rotary(["phi3"])["phi3"]  # partial rotary: another layout
+    assert not hasattr(modeling_phi3.apply_rotary_pos_emb, "astrai_original")
+    seen = []
+    real = ae.apply_rotary_emb_qk
+    monkeypatch.setattr(ae, "apply_rotary_emb_qk", lambda *a, **kw: seen.append(a[0].shape) or real(*a, **kw))
+    astrai_hf.register()
+    model = _model("llama")
+    ids, mask = _batch()
+    got = _generate(model, "astrai", ids, mask, tokens=4)
+    assert len(seen) == 2 * 4 and seen[0] == (3, 11, 4, 16)  # [B, L, H, D] views, every layer and step
+    astrai_hf.unpatch_rotary()
+    assert not hasattr(modeling_llama.apply_rotary_pos_emb, "astrai_original")
+    assert torch.equal(got, _generate(model, "astrai", ids, mask, tokens=4))  # float32: the same tokens
+
+
+def test_patched_rotary_matches_transformers_numerically(rotary_patched):
+    from transformers.models.llama import modeling_llama
+    q, k = torch.randn(2, 4, 9, 32), torch.randn(2, 2, 9, 32)
+    freqs = torch.randn(2, 9, 16)
+    cos, sin = torch.cat([freqs.cos(), freqs.cos()], -1), torch.cat([freqs.sin(), freqs.sin()], -1)
+    got = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    want = modeling_llama.apply_rotary_pos_emb.astrai_original(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    # layouts it does not take go to transformers' own function, bitwise
+    bits = modeling_llama.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    ref = modeling_llama.apply_rotary_pos_emb.astrai_original(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
+    assert all(torch.equal(a, b) for a, b in zip(bits, ref))

@@ -1,8 +1,9 @@
 """Tier 1 (GPU): transformers models on our kernels (`attn_implementation="astrai"`, quantized linears). Randomly
 initialised models from real configurations with fewer layers (nothing is downloaded): Llama-3-8B-shaped (GQA 32 / 8,
 head_dim 128) and Gemma-7B-shaped (head_dim 256). Greedy generation of 128 tokens from a left-padded batch against
-transformers' sdpa run (>= 99% of positions equal; the first divergence and its logit margin reported); the attention
-calls really reach the CUDA kernels (no fallback recorded); quantized linears' logits against bf16.
+transformers' sdpa run (>= 99% of positions equal; the first divergence and its logit margin reported), also with our
+rotary kernel patched in; the attention (and rotary) calls really reach the CUDA kernels (no fallback recorded);
+quantized linears' logits against bf16.
 """
 
 from __future__ import annotations
@@ -57,15 +58,22 @@ def generate(model, impl: str, ids, mask):
     return out.sequences[:, ids.shape[1]:], torch.stack(out.scores, 1)  # [B, T], [B, T, V]
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_greedy_generation_matches_sdpa(name):
+@pytest.mark.parametrize("name, rotary", [("llama3-8b", False), ("gemma-7b", False), ("llama3-8b", True)],
+                         ids=["llama3-8b", "gemma-7b", "llama3-8b-our-rotary"])
+def test_greedy_generation_matches_sdpa(name, rotary):
     astrai_hf.register()
     model = build(name)
     ids, mask = prompts()
     want, want_scores = generate(model, "sdpa", ids, mask)
     _fallbacks.reset()
-    got, _ = generate(model, "astrai", ids, mask)
-    fallbacks = [f for f in _fallbacks.snapshot()["reasons"] if f["op"] in ("attention", astrai_hf.OP)]
+    if rotary:
+        assert astrai_hf.patch_rotary(["llama"]) == {"llama": "patched"}
+    try:
+        got, _ = generate(model, "astrai", ids, mask)
+    finally:
+        astrai_hf.unpatch_rotary()
+    ops = ("attention", astrai_hf.OP) + (("apply_rotary_emb_qk", "apply_rotary_emb") if rotary else ())
+    fallbacks = [f for f in _fallbacks.snapshot()["reasons"] if f["op"] in ops]
     assert fallbacks == [], f"attention calls left our kernels: {fallbacks}"
     same = (got == want).float().mean().item()
     first = ""
@@ -75,7 +83,8 @@ def test_greedy_generation_matches_sdpa(name):
         top2 = want_scores[b, t].float().topk(2).values
         margin = (top2[0] - top2[1]).item()
         first = f"; first divergence: sequence {b}, token {t}, sdpa's top-2 logit margin {margin:.4f}"
-    print(f"{name}: {same:.2%} of {got.numel()} generated tokens equal sdpa's{first}")
+    label = name + (" + our rotary" if rotary else "")
+    print(f"{label}: {same:.2%} of {got.numel()} generated tokens equal sdpa's{first}")
     assert same >= 0.99, f"{same:.2%} of positions equal{first}"
 
 
