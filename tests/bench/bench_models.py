@@ -27,8 +27,10 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1]),
+                str(Path(__file__).resolve().parent)]
 import torch  # noqa: E402
+from support.bitwise import GraphReplay  # noqa: E402
 
 import gpu_timing  # noqa: E402
 
@@ -106,16 +108,8 @@ def decode_graph(model, batch: int):
     with torch.inference_mode():
         model(input_ids=ids, past_key_values=cache, use_cache=True,
               cache_position=torch.arange(PROMPT, device=DEVICE))
-        step = lambda: model(input_ids=nxt, past_key_values=cache, use_cache=True, cache_position=position)  # noqa
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = GraphReplay(lambda: model(input_ids=nxt, past_key_values=cache, use_cache=True,
+                                          cache_position=position).logits).graph
     replays = 20
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
