@@ -181,7 +181,7 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             return f"{name} is on {t.device}, not a CUDA device"
-    if a.dtype in FP8 and torch.cuda.get_device_capability(a.device) < (8, 9):
+    if a.dtype in FP8 and _capability(a.device.index) < 89:
         return "fp8 operands need an sm_89 or newer GPU"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, *others)):
         return "a gradient is needed (grad mode is on and an input requires grad); the kernels have no backward"
@@ -196,6 +196,12 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
         return ("the loaded image has no fp8 mma code for this GPU (a PTX-only compute_80 image such as "
                 "ASTRAI_IMAGE=ptx80; python -m astrai.extension info)")
     return None
+
+
+@torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
+def _capability(index: int | None) -> int:
+    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device() if index is None else index)
+    return major * 10 + minor
 
 
 @torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
