@@ -183,3 +183,15 @@ def test_patched_rotary_matches_transformers_numerically(rotary_patched):
     bits = modeling_llama.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
     ref = modeling_llama.apply_rotary_pos_emb.astrai_original(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
     assert all(torch.equal(a, b) for a, b in zip(bits, ref))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    """The model's forward with our attention traced whole (aot_eager on the CPU; the GPU tier runs inductor)."""
+    astrai_hf.register()
+    model = _model("llama")
+    model.set_attn_implementation("astrai")
+    ids, mask = _batch()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(got, want)

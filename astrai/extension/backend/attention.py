@@ -50,6 +50,11 @@ from astrai.extension.ops import attention as ops
 from astrai.extension.ops import attention_plan
 
 
+@torch.compiler.assume_constant_result  # traced code asks once (an import is not traceable)
+def _flash_attn_importable() -> bool:
+    return _flash_attn() is not None
+
+
 @functools.cache
 def _flash_attn():
     """The optional flash_attn package, imported on first need (it is heavy), or None. One guarded import."""
@@ -136,7 +141,8 @@ def _is_vec_layout(t: torch.Tensor) -> bool:
         return True
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         return False
-    if t.data_ptr() % 16:
+    # Traced (fake) tensors have no data pointer: under torch.compile the op checks it at run time.
+    if not torch.compiler.is_compiling() and t.data_ptr() % 16:
         return False
     return all(t.stride(d) % 8 == 0 or t.shape[d] == 1 for d in range(t.dim() - 1))
 
@@ -245,7 +251,7 @@ class FlashAttnBackend(AttentionBackend):
             return "flash_attn takes fp16/bf16 CUDA tensors of one dtype"
         if call.q.shape[-1] > 256 or call.q.shape[-1] % 8:
             return f"flash_attn takes head_dim <= 256, a multiple of 8, got {call.q.shape[-1]}"
-        if _flash_attn() is None:
+        if not _flash_attn_importable():
             return "the flash_attn package is not importable"
         return None
 
@@ -449,12 +455,33 @@ def attn_backend(impl):
         _context.reset(token)
 
 
-def _explicit_choice() -> tuple[bool, AttentionBackend | None]:
+def _explicit_choice_eager() -> tuple[bool, AttentionBackend | None]:
     ctx = _context.get()
     if ctx is not None:
         return ctx[1] is not None, ctx[1]
     _read_env_seed()
     return _process_choice is not None, _process_choice
+
+
+# Backends chosen explicitly when torch.compile traced a call, by the key `_explicit_key` returned.
+_traced_choices: dict[str, AttentionBackend] = {}
+
+
+@torch.compiler.assume_constant_result  # Dynamo cannot read a ContextVar: the selection is read once, when tracing
+def _explicit_key() -> str:
+    explicit, chosen = _explicit_choice_eager()
+    if not explicit:
+        return ""
+    key = f"{chosen.name}#{id(chosen)}"
+    _traced_choices[key] = chosen
+    return key
+
+
+def _explicit_choice() -> tuple[bool, AttentionBackend | None]:
+    if torch.compiler.is_compiling():
+        key = _explicit_key()
+        return (True, _traced_choices[key]) if key else (False, None)
+    return _explicit_choice_eager()
 
 
 def select_backend(call: AttnCall) -> AttentionBackend:

@@ -104,3 +104,20 @@ def test_quantized_linears_keep_the_logits(mode):
     rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
     print(f"llama3-8b {mode}: logits relative error {rel:.4f} against bf16 linears")
     assert rel < {"w8a16": 0.03, "fp8": 0.1}[mode], rel
+
+
+def test_torch_compile_fullgraph_runs_our_kernels():
+    """The Llama-shaped model's forward with our attention compiled whole (inductor): logits within bf16 rounding of
+    eager (inductor fuses the model's other ops differently), no fallback."""
+    astrai_hf.register()
+    model = build("llama3-8b")
+    model.set_attn_implementation("astrai")
+    ids, mask = prompts()
+    with torch.inference_mode():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        _fallbacks.reset()
+        got = torch.compile(model, fullgraph=True)(input_ids=ids, attention_mask=mask).logits
+    assert [f for f in _fallbacks.snapshot()["reasons"] if f["op"] in ("attention", astrai_hf.OP)] == []
+    keep = mask.bool()
+    rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
+    assert rel < 2e-2, rel
