@@ -194,3 +194,39 @@ def test_torch_compile_matches_eager(mode):
     compiled = torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True)
     with torch.no_grad():
         assert_bitwise_equal(compiled(x), model(x), "compiled vs eager")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_empty_modules_on_meta_load_a_checkpoint(mode):
+    """The serving path: a model built on the meta device, emptied into quantized modules, materialized, loaded."""
+    model = ae.quantize_linear_(Block().to(torch.bfloat16), mode)
+    checkpoint = model.state_dict()
+    with torch.device("meta"):
+        fresh = Block().to(torch.bfloat16)
+    ae.quantize_linear_(fresh, mode, empty=True)
+    assert fresh.up.weight.is_meta and fresh.up.weight.dtype == model.up.weight.dtype
+    fresh.to_empty(device="cpu")
+    fresh.load_state_dict(checkpoint)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert_bitwise_equal(fresh(x), model(x), "loaded into empty modules")
+
+
+def test_checkpoint_scales_of_other_shapes_and_dtypes_load():
+    q = ae.Fp8Linear.from_linear(_linear())
+    state = q.state_dict()
+    column = dict(state, weight_scale=state["weight_scale"].reshape(-1, 1).bfloat16())
+    fresh = ae.Fp8Linear(64, 48)
+    fresh.load_state_dict(column)
+    assert fresh.weight_scale.dtype == torch.float32 and fresh.weight_scale.shape == (48,)
+    assert_bitwise_equal(fresh.weight_scale, state["weight_scale"].bfloat16().float())
+    fresh.load_state_dict(dict(state, weight_scale=torch.tensor(0.5)))  # one per-tensor scale
+    assert torch.equal(fresh.weight_scale, torch.full((48,), 0.5))
+    with pytest.raises(RuntimeError, match=r"weight_scale must hold 48 \(out_features\) or 1 floating values"):
+        fresh.load_state_dict(dict(state, weight_scale=torch.ones(47)))
+
+
+def test_a_checkpoint_of_another_mode_is_refused():
+    state = ae.W8A8Linear.from_linear(_linear()).state_dict()  # int8 weights
+    with pytest.raises(RuntimeError, match=r"weight must be torch.float8_e4m3fn \(mode 'fp8'\), got torch.int8"):
+        ae.Fp8Linear(64, 48).load_state_dict(state)

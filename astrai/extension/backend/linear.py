@@ -69,13 +69,16 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "QuantLinear":
-        """A quantized copy of `linear` on its device (its weight quantized per output channel, its bias kept)."""
-        reason = unsupported_reason(linear, cls.mode)
+    def from_linear(cls, linear: nn.Linear, *, empty: bool = False) -> "QuantLinear":
+        """A quantized copy of `linear` on its device (its weight quantized per output channel, its bias kept);
+        `empty=True`: the shape, dtype and device only (zeros; the meta device allowed), for `load_state_dict`."""
+        reason = unsupported_reason(linear, cls.mode, empty=empty)
         if reason:
             raise ValueError(f"{cls.__name__}.from_linear: linear {reason}")
         w = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype=w.dtype, device=w.device)
+        if empty:
+            return module
         if cls.mode == "fp8":
             q, _, scale = quantize_fp8_dynamic(w, out_dtype=torch.float8_e4m3fn, granularity="row")
         else:
@@ -85,6 +88,26 @@ class QuantLinear(nn.Module):
         if linear.bias is not None:
             module.bias.copy_(linear.bias.detach())
         return module
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Checkpoints store the scale as [N], [N, 1], [1, N] or one per-tensor value, in float32 or 16 bits: taken as
+        # float32 [N]. A weight of another dtype would be converted by value (int8 -> e4m3 is not a dequantization):
+        # refused instead.
+        name, n = type(self).__name__, self.out_features
+        scale, weight = state_dict.get(prefix + "weight_scale"), state_dict.get(prefix + "weight")
+        if isinstance(scale, torch.Tensor) and scale.is_floating_point() and scale.numel() in (1, n):
+            state_dict[prefix + "weight_scale"] = scale.reshape(-1).to(torch.float32).expand(n).contiguous()
+        elif isinstance(scale, torch.Tensor):
+            error_msgs.append(f"{name}: {prefix}weight_scale must hold {n} (out_features) or 1 floating values, got "
+                              f"{scale.dtype} {list(scale.shape)}")
+            return
+        if isinstance(weight, torch.Tensor) and weight.dtype != _QUANT_DTYPE[self.mode]:
+            error_msgs.append(f"{name}: {prefix}weight must be {_QUANT_DTYPE[self.mode]} (mode {self.mode!r}), got "
+                              f"{weight.dtype}; quantize_linear_(..., mode) must match the checkpoint's mode")
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) / .half() cast every floating tensor, e4m3 weights and float32 scales included: move the
@@ -157,16 +180,17 @@ class Fp8Linear(QuantLinear):
 MODULES = {"w8a16": W8A16Linear, "w8a8": W8A8Linear, "fp8": Fp8Linear}
 
 
-def unsupported_reason(module: nn.Module, mode: str) -> str | None:
-    """Why `module` cannot become a quantized linear of `mode`, or None when it can."""
+def unsupported_reason(module: nn.Module, mode: str, *, empty: bool = False) -> str | None:
+    """Why `module` cannot become a quantized linear of `mode` (`empty`: one to load a checkpoint into), or None."""
     if type(module) is not nn.Linear:
         return (f"is a {type(module).__name__}, a subclass of nn.Linear (its owner may read .weight itself); "
                 "skip it")
     w = module.weight
     if type(w) not in (torch.Tensor, nn.Parameter):
         return f"has a weight of type {type(w).__name__} (already quantized or wrapped)"
-    if w.is_meta:
-        return "has its weight on the meta device (materialize the model first)"
+    if w.is_meta and not empty:
+        return ("has its weight on the meta device (materialize the model first, or pass empty=True to load a "
+                "checkpoint)")
     if w.dtype not in _WEIGHT_DTYPES[mode]:
         return f"has a {w.dtype} weight; mode {mode!r} takes {_WEIGHT_DTYPES[mode]}"
     if module.bias is not None and (module.bias.dtype != w.dtype or module.bias.device != w.device):
@@ -195,7 +219,7 @@ def _skipper(skip):
     return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def quantize_linear_(model: nn.Module, mode: str, *, skip=None) -> nn.Module:
+def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = False) -> nn.Module:
     """Swap every `nn.Linear` of `model` (in place) for the quantized linear of `mode` and return `model`.
 
     Parameters
@@ -210,12 +234,20 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None) -> nn.Module:
     skip : callable, str or iterable of str, optional
         Layers to leave as they are: a predicate `skip(name, module)`, or qualified names / glob patterns
         (`fnmatch`), e.g. `skip=["lm_head"]` or `skip="*.gate"`.
+    empty : bool
+        Build the quantized modules empty (zeros, on each layer's device, the meta device allowed) instead of
+        quantizing the layers' weights: for loading a quantized checkpoint (`load_state_dict`) into a fresh model.
+        A checkpoint's `weight_scale` may be [N], [N, 1], [1, N] or one per-tensor value, in any float dtype (stored
+        as float32 [N]); a `weight` of another dtype than the mode's is refused.
 
     Example
     -------
     >>> quantize_linear_(model, "w8a16", skip=["lm_head"])
     >>> with torch.inference_mode():
     ...     logits = model(input_ids).logits
+    >>> with torch.device("meta"):
+    ...     fresh = build_model()
+    >>> quantize_linear_(fresh, "fp8", empty=True).to_empty(device="cuda").load_state_dict(checkpoint)
     """
     if mode not in MODULES:
         raise ValueError(f"{FN}: mode must be one of {MODES}, got {mode!r}")
@@ -230,7 +262,7 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None) -> nn.Module:
         if not isinstance(module, nn.Linear) or skipped(name, module):
             continue
         if id(module) not in layers:
-            reason = unsupported_reason(module, mode)
+            reason = unsupported_reason(module, mode, empty=empty)
             if reason:
                 problems.append(f"  {name}: {reason}")
                 continue
@@ -240,7 +272,7 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None) -> nn.Module:
         raise ValueError(f"{FN}: {len(problems)} layer(s) cannot become mode {mode!r}; nothing was converted (pass "
                          "skip=... to leave them as they are):\n" + "\n".join(problems))
     # Every layer quantized before any is swapped: a failure here leaves the model as it was.
-    converted = {key: MODULES[mode].from_linear(layer) for key, layer in layers.items()}
+    converted = {key: MODULES[mode].from_linear(layer, empty=empty) for key, layer in layers.items()}
     for key, names in places.items():
         for name in names:
             parent_name, _, child = name.rpartition(".")
