@@ -113,12 +113,50 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out, None
 
 
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """`attn_implementation="paged|astrai"` (transformers' continuous batching, `generate_batch`): the step's new K / V
+    written to and every sequence's K / V read from transformers' `PagedAttentionCache` (`cache.update`), then our
+    packed causal prefill over q `[Tq, Hq, D]` with `qo_indptr = cu_seq_lens_q`, `kv_indptr = cu_seq_lens_k`
+    (queries aligned to the end of their sequence's keys, as flash-attn's varlen call does). Sliding-window layers
+    and what `attention_forward` sends to sdpa run transformers' paged sdpa instead. Returns (`[Tq, Hq, D]`, None)."""
+    from transformers.integrations.sdpa_paged import sdpa_attention_paged_forward
+
+    from astrai.extension import attention
+
+    cu_k = kwargs.get("cu_seq_lens_k")
+    reason = unsupported_reason(query, key, None, dropout, kwargs)
+    if reason is None and isinstance(cu_k, dict):
+        if set(cu_k) != {"full_attention"} or getattr(module, "sliding_window", None):
+            reason = "sliding-window layers (continuous batching)"
+        cu_k = cu_k.get("full_attention")
+    if reason is None and (kwargs.get("cache") is None or cu_k is None or kwargs.get("cu_seq_lens_q") is None):
+        reason = "a call without continuous batching's cache and sequence offsets"
+    if reason is None and query.shape[0] != 1:
+        reason = f"q must be packed [1, H, T, D], got {list(query.shape)}"
+    if reason:
+        with _lock:
+            _reasons[reason] = _reasons.get(reason, 0) + 1
+        _fallbacks.record(OP, reason, "transformers paged sdpa", on_gpu=query.is_cuda)
+        return sdpa_attention_paged_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                            scaling=scaling, **kwargs)
+    k, v = kwargs["cache"].update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                                  read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    q = query.transpose(1, 2).squeeze(0)  # [Tq, Hq, D], a view
+    out = attention(q, k, v, qo_indptr=kwargs["cu_seq_lens_q"].to(torch.int32), kv_indptr=cu_k.to(torch.int32),
+                    is_causal=True, scale=scaling)
+    return out, None
+
+
 def register(name: str = NAME) -> str:
     """Register `attention_forward` (and transformers' sdpa mask maker) under `name` in transformers'
     `AttentionInterface` / `AttentionMaskInterface`, so `attn_implementation=name` runs every attention of a
-    model on `astrai.extension.attention`. Idempotent; returns `name`."""
+    model on `astrai.extension.attention`, and `paged_attention_forward` under `"paged|" + name` (continuous
+    batching). Idempotent; returns `name`."""
     transformers, masking_utils = _transformers()
     transformers.AttentionInterface.register(name, attention_forward)
+    transformers.AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     masking_utils.AttentionMaskInterface.register(name, masking_utils.sdpa_mask)
     return name
 

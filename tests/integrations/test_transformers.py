@@ -195,3 +195,50 @@ def test_torch_compile_fullgraph_matches_eager():
         want = model(input_ids=ids, attention_mask=mask).logits
         got = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(got, want)
+
+
+class _FakePagedCache:
+    """Stands in for transformers' PagedAttentionCache: `update` returns the packed K / V of every sequence."""
+
+    def __init__(self, k, v):
+        self.k, self.v, self.calls = k, v, 0
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        self.calls += 1
+        return self.k, self.v
+
+
+def test_paged_forward_matches_transformers_paged_sdpa():
+    """Packed q of three sequences (a prefill, a chunk after cached keys, a decode token) against the keys read from
+    the cache: our packed causal call equals transformers' paged sdpa given the equivalent block-causal mask."""
+    from transformers.integrations.sdpa_paged import sdpa_attention_paged_forward
+    astrai_hf.register()
+    q_lens, k_lens = [5, 3, 1], [5, 7, 9]
+    hq, hkv, d = 4, 2, 16
+    tq, tk = sum(q_lens), sum(k_lens)
+    q = torch.randn(1, hq, tq, d)
+    k, v = torch.randn(tk, hkv, d), torch.randn(tk, hkv, d)
+    cu_q = torch.tensor([0, 5, 8, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 12, 21], dtype=torch.int32)
+    keep = torch.zeros(1, 1, tq, tk, dtype=torch.bool)
+    for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
+        for i in range(lq):
+            end = cu_k[b] + lk - lq + i + 1
+            keep[0, 0, cu_q[b] + i, cu_k[b]:end] = True
+    module = torch.nn.Module()
+    module.layer_idx, module.num_key_value_groups = 0, hq // hkv
+    kwargs = dict(cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k, read_index=[], write_index=[])
+    cache = _FakePagedCache(k, v)
+    got, _ = astrai_hf.paged_attention_forward(module, q, k[None].transpose(1, 2), v[None].transpose(1, 2), keep,
+                                               scaling=d ** -0.5, cache=cache, **kwargs)
+    want, _ = sdpa_attention_paged_forward(module, q, k[None].transpose(1, 2), v[None].transpose(1, 2), keep,
+                                           scaling=d ** -0.5, cache=_FakePagedCache(k, v), **kwargs)
+    assert cache.calls == 1 and got.shape == (tq, hq, d)
+    torch.testing.assert_close(got, want.reshape(tq, hq, d), rtol=1e-5, atol=1e-5)
+    assert transformers.AttentionInterface._global_mapping["paged|astrai"] is astrai_hf.paged_attention_forward
+    astrai_hf.reset()
+    module.sliding_window = 4  # a sliding layer: transformers' paged sdpa
+    astrai_hf.paged_attention_forward(module, q, k[None].transpose(1, 2), v[None].transpose(1, 2), keep,
+                                      scaling=d ** -0.5, cache=_FakePagedCache(k, v),
+                                      **dict(kwargs, cu_seq_lens_k={"sliding_attention": cu_k}))
+    assert list(astrai_hf.fallback_reasons()) == ["sliding-window layers (continuous batching)"]
