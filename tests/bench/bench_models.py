@@ -162,7 +162,8 @@ def training_steps(layers: int = 2, batch: int = 4, seq: int = 1024) -> dict:
     results = {}
     for name, ctx in (("bf16", None), ("fp8 delayed", ae.fp8_autocast(recipe=ae.DelayedScaling())),
                       ("fp8 dynamic", ae.fp8_autocast(recipe=ae.DynamicScaling())),
-                      ("fp8 dynamic-row", ae.fp8_autocast(recipe=ae.DynamicScaling("row")))):
+                      ("fp8 dynamic-row", ae.fp8_autocast(recipe=ae.DynamicScaling("row"))),
+                      ("fp8 delayed, _scaled_mm", ae.fp8_autocast(recipe=ae.DelayedScaling(), gemm="scaled_mm"))):
         def step():
             model.zero_grad(set_to_none=True)
             if ctx is None:
@@ -179,7 +180,7 @@ def training_steps(layers: int = 2, batch: int = 4, seq: int = 1024) -> dict:
     for name, ms in results.items():
         ratio = f"{results['bf16'] / ms:.2f}x bf16" if isinstance(ms, float) and isinstance(results["bf16"], float) \
             else ""
-        print(f"  {name:16} {ms if isinstance(ms, str) else f'{ms:8.2f}'}  {ratio}")
+        print(f"  {name:24} {ms if isinstance(ms, str) else f'{ms:8.2f}'}  {ratio}")
     return results
 
 

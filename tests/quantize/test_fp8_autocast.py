@@ -44,7 +44,7 @@ class StandIn(torch.autograd.Function):
     calls: list[str] = []
 
     @staticmethod
-    def forward(ctx, x2, weight, bias, recipe, state):
+    def forward(ctx, x2, weight, bias, recipe, state, gemm):
         StandIn.calls.append("forward")
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
@@ -55,7 +55,7 @@ class StandIn(torch.autograd.Function):
     def backward(ctx, grad):
         StandIn.calls.append("backward")
         x2, weight = ctx.saved_tensors
-        return grad @ weight, grad.t() @ x2, grad.sum(0) if ctx.has_bias else None, None, None
+        return grad @ weight, grad.t() @ x2, grad.sum(0) if ctx.has_bias else None, None, None, None
 
 
 @pytest.fixture
@@ -434,3 +434,26 @@ def test_fp8_gradients_against_float64():
                             (lin.bias.grad, lin64.bias.grad, "bias")):
         rel = _rel(got, want)
         assert rel < 0.15, f"grad {name}: relative error {rel} against float64"
+
+
+def test_gemm_choice(ours_on_cpu):
+    """gemm="scaled_mm" never asks quant_gemm; gemm="quant_gemm" raises the reason where ours cannot run; a bad
+    value is refused."""
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(16, 32, requires_grad=True)
+    with ae.fp8_autocast(recipe=ae.DynamicScaling(), devices=("cpu",), gemm="scaled_mm"):
+        out = lin(x)
+    out.sum().backward()
+    assert ours_on_cpu == []
+    with ae.fp8_autocast(recipe=ae.DynamicScaling(), devices=("cpu",), gemm="quant_gemm"):
+        lin(x).sum().backward()
+    assert len(ours_on_cpu) == 3  # forward, dgrad, wgrad (the fixture lets ours run on the CPU)
+    backend.fp8_gemm_blocker, saved = (lambda *args: "a is on cpu, not a CUDA device"), backend.fp8_gemm_blocker
+    try:
+        with pytest.raises(ValueError, match=r"fp8_autocast\(gemm='quant_gemm'\): quant_gemm's kernels cannot run"):
+            with ae.fp8_autocast(recipe=ae.DynamicScaling(), devices=("cpu",), gemm="quant_gemm"):
+                lin(x)
+    finally:
+        backend.fp8_gemm_blocker = saved
+    with pytest.raises(ValueError, match=r"gemm must be one of \('auto', 'quant_gemm', 'scaled_mm'\), got 'cublas'"):
+        ae.fp8_autocast(gemm="cublas")

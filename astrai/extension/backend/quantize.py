@@ -495,16 +495,23 @@ def fp8_gemm_blocker(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_
     return _gemm.cuda_blocker(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias)
 
 
+FP8_GEMMS = ("auto", "quant_gemm", "scaled_mm")
+
+
 def _fp8_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-            bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+            bias: torch.Tensor | None, out_dtype: torch.dtype, gemm: str = "auto") -> torch.Tensor:
     """`a [M, K] e4m3 / e5m2 x b [N, K]^T`, dequantized by a_scale ([] or [M, 1]) and b_scale ([] or [1, N]), plus
-    bias, as out_dtype: `quant_gemm` (layout "nt") where its kernels serve the call, else `torch._scaled_mm`
-    (the fallback recorded once per reason, shown by `info`)."""
-    reason = fp8_gemm_blocker(a, b, a_scale, b_scale, bias)
-    if reason is None:
-        return _gemm.quant_gemm(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out_dtype=out_dtype,
-                                path="cuda")
-    _fallbacks.record("fp8_autocast", reason, SCALED_MM, on_gpu=a.is_cuda)
+    bias, as out_dtype. gemm "auto": `quant_gemm` (layout "nt") where its kernels serve the call, else
+    `torch._scaled_mm` (the fallback recorded once per reason, shown by `info`); "quant_gemm": ours or ValueError
+    with the reason; "scaled_mm": `torch._scaled_mm` always."""
+    if gemm != "scaled_mm":
+        reason = fp8_gemm_blocker(a, b, a_scale, b_scale, bias)
+        if reason is None:
+            return _gemm.quant_gemm(a, b, a_scale=a_scale, b_scale=b_scale, bias=bias, out_dtype=out_dtype,
+                                    path="cuda")
+        if gemm == "quant_gemm":
+            raise ValueError(f"fp8_autocast(gemm='quant_gemm'): quant_gemm's kernels cannot run this GEMM: {reason}")
+        _fallbacks.record("fp8_autocast", reason, SCALED_MM, on_gpu=a.is_cuda)
     # _scaled_mm: row-wise scales need a bf16 output, and no bias with a float32 output.
     mm_bias = bias if out_dtype != torch.float32 else None
     out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale, bias=mm_bias, out_dtype=out_dtype)
@@ -513,23 +520,23 @@ def _fp8_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: to
 
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, recipe, state):
+    def forward(ctx, x2, weight, bias, recipe, state, gemm="auto"):
         fwd, bwd = _FORMATS[recipe.fp8_format]
         if isinstance(recipe, DynamicScaling) and recipe.granularity == "row" and x2.dtype == torch.bfloat16:
             xq, _, sx = quantize_fp8_dynamic(x2, out_dtype=torch.float8_e4m3fn, granularity="row")
             wq, _, sw = quantize_fp8_dynamic(weight, out_dtype=torch.float8_e4m3fn, granularity="row")
-            out = _fp8_mm(xq, wq, sx, sw.reshape(1, -1), bias, x2.dtype)
+            out = _fp8_mm(xq, wq, sx, sw.reshape(1, -1), bias, x2.dtype, gemm)
             ctx.save_for_backward(x2, weight)
             ctx.rowwise = True
         else:
             hist = state if isinstance(recipe, DelayedScaling) else None
             xq, x_t, sx_t = _quantize_both(x2, fwd, recipe, hist["x"] if hist else None)
             wq, w_t, sw_t = _quantize_both(weight, fwd, recipe, hist["w"] if hist else None)
-            out = _fp8_mm(xq, wq, sx_t, sw_t, bias, x2.dtype)
+            out = _fp8_mm(xq, wq, sx_t, sw_t, bias, x2.dtype, gemm)
             ctx.save_for_backward(x_t, w_t, sx_t, sw_t)
             ctx.rowwise = False
         ctx.recipe, ctx.state, ctx.bwd, ctx.has_bias, ctx.out_dtype = recipe, state, bwd, bias is not None, x2.dtype
-        ctx.x_dtype, ctx.w_dtype = x2.dtype, weight.dtype
+        ctx.x_dtype, ctx.w_dtype, ctx.gemm = x2.dtype, weight.dtype, gemm
         return out
 
     @staticmethod
@@ -546,12 +553,12 @@ class _Fp8Linear(torch.autograd.Function):
         gq, g_t, sg = _quantize_both(grad, bwd, recipe, hist)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:  # [M, N] @ [N, K]: W^T's rows are W's columns
-            grad_x = _fp8_mm(gq, w_t, sg, sw_t, None, ctx.x_dtype)
+            grad_x = _fp8_mm(gq, w_t, sg, sw_t, None, ctx.x_dtype, ctx.gemm)
         if ctx.needs_input_grad[1]:  # [N, M] @ [M, K]
-            grad_w = _fp8_mm(g_t, x_t, sg, sx_t, None, ctx.w_dtype)
+            grad_w = _fp8_mm(g_t, x_t, sg, sx_t, None, ctx.w_dtype, ctx.gemm)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum(0).to(ctx.out_dtype)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 # ---- the aten::linear kernel and its registration ----------------------------------------------------------------
@@ -631,6 +638,10 @@ class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
         Device types routed, "cuda" (default) and/or "cpu" (torch's CPU `_scaled_mm`, for tests). Calls on
         other devices, calls with tensor subclasses, and calls whose M, N or K is not a multiple of 16 run the
         plain linear.
+    gemm : {"auto", "quant_gemm", "scaled_mm"}
+        The fp8 GEMMs' implementation: "auto" (default) `quant_gemm` where its kernels serve the call, else
+        `torch._scaled_mm`; "quant_gemm" ours only (ValueError with the reason where they cannot); "scaled_mm"
+        `torch._scaled_mm` always (to compare).
 
     Example
     -------
@@ -641,15 +652,20 @@ class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
     ...     loss.backward()
     """
 
-    def __init__(self, enabled: bool = True, recipe=None, devices: tuple[str, ...] = ("cuda",)):
+    def __init__(self, enabled: bool = True, recipe=None, devices: tuple[str, ...] = ("cuda",), gemm: str = "auto"):
         recipe = DelayedScaling() if recipe is None else recipe
         if not isinstance(recipe, (DelayedScaling, DynamicScaling)):
-            raise ValueError(f"fp8_autocast: recipe must be DelayedScaling or DynamicScaling, got {type(recipe).__name__}")
+            raise ValueError(f"fp8_autocast: recipe must be DelayedScaling or DynamicScaling, got "
+                             f"{type(recipe).__name__}")
         devices = tuple(dict.fromkeys(devices))
         if not devices or any(d not in _DISPATCH_KEYS for d in devices):
-            raise ValueError(f"fp8_autocast: devices must be a non-empty tuple of {tuple(_DISPATCH_KEYS)}, got {devices}")
+            raise ValueError(f"fp8_autocast: devices must be a non-empty tuple of {tuple(_DISPATCH_KEYS)}, "
+                             f"got {devices}")
+        if gemm not in FP8_GEMMS:
+            raise ValueError(f"fp8_autocast: gemm must be one of {FP8_GEMMS}, got {gemm!r}")
         self.enabled = bool(enabled)
         self.recipe = recipe
+        self.gemm = gemm
         self.devices = devices
         # id(weight) -> (weakref to weight, {"x", "w", "g"} histories) for delayed scaling. Keyed by id, not by
         # the tensor: a tensor's == is elementwise. The weakref's callback drops the entry when the weight dies.
@@ -702,5 +718,5 @@ class fp8_autocast:  # noqa: N801 (a context manager named like torch.autocast)
     def _fp8_linear(self, x, weight, bias):
         state = self._state(weight, x.device) if isinstance(self.recipe, DelayedScaling) else None
         x2 = x.reshape(-1, x.shape[-1])
-        out = _Fp8Linear.apply(x2, weight, bias, self.recipe, state)
+        out = _Fp8Linear.apply(x2, weight, bias, self.recipe, state, self.gemm)
         return out.reshape(*x.shape[:-1], weight.shape[0])
