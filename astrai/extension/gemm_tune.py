@@ -77,9 +77,17 @@ HOLDOUT5 = ((1, 4608, 3072), (2, 2048, 6144), (5, 14848, 2048), (8, 1920, 1920),
             (250, 6784, 6784), (333, 2240, 2240), (512, 12032, 3008), (768, 1472, 5888), (1000, 4224, 4224),
             (1536, 832, 832), (2048, 18944, 2560), (3072, 2624, 10496), (5120, 5888, 1472), (8192, 1344, 5376),
             (12288, 3584, 3584), (16000, 960, 1920), (24, 513, 8192))
+# Set after the twenty-fourth session's rules (never timed when they were chosen): six shapes in the wide-weight box
+# of `ops.gemm.SM90_WIDE_*` (28 <= M <= 48, K >= 2048, N * K >= 32e6), the rest spread as the other holdouts.
+HOLDOUT6 = ((30, 10240, 3584), (36, 5632, 6656), (40, 12800, 2816), (45, 3328, 12288), (29, 7936, 5120),
+            (42, 18432, 2048), (1, 6400, 2304), (3, 3200, 9600), (11, 12544, 1792), (20, 1408, 7040),
+            (26, 4480, 4480), (56, 2688, 8064), (70, 1088, 3264), (88, 7680, 1920), (112, 3840, 11520),
+            (136, 1792, 5376), (200, 9984, 2496), (240, 1536, 1536), (300, 4608, 9216), (448, 7424, 1856),
+            (640, 2176, 4352), (900, 5120, 5120), (1300, 1216, 2432), (1800, 6912, 3456), (2600, 3072, 768),
+            (3500, 8832, 2208), (6000, 2560, 10240), (9000, 4864, 1216), (14000, 1280, 6400), (33, 200, 4096))
 GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT, "holdout2": HOLDOUT2,
          "holdout3": HOLDOUT3, "train_small": tuple((m, n, k) for n, k in TRAIN_SMALL_NK for m in TRAIN_SMALL_M),
-         "holdout4": HOLDOUT4, "holdout5": HOLDOUT5,
+         "holdout4": HOLDOUT4, "holdout5": HOLDOUT5, "holdout6": HOLDOUT6,
          "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
 # A table may not make any holdout shape this much slower than the current chain (issue 21).
 MAX_HOLDOUT_LOSS = 0.02
