@@ -2,7 +2,8 @@
 initialised from the real configuration (nothing is downloaded), under four setups timed in one run:
 
   hf       transformers + sdpa + bf16 nn.Linear (cuBLAS): the baseline a user has
-  bf16     attn_implementation="astrai" (our attention), bf16 nn.Linear
+  bf16     attn_implementation="astrai" (our attention), bf16 nn.Linear (cuBLAS)
+  w16a16   ours, every linear on our bf16 GEMM (`quant_gemm` pair w16a16, through `OurBf16Linear` below)
   w8a16    ours + quantize_linear_(model, "w8a16") (every linear, lm_head included)
   fp8      ours + quantize_linear_(model, "fp8")
 
@@ -42,10 +43,23 @@ BATCHES = (1, 8, 64)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                  head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5, vocab_size=128256, num_hidden_layers=LAYERS,
                  max_position_embeddings=8192, pad_token_id=0)
-SETUPS = ("hf", "bf16", "w8a16", "fp8")
+SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8")
 # Kernel-name fragments of each part of a decode step (lower case); anything else is "rest".
 ATTENTION_KERNELS = ("attn", "flash", "fmha", "sdpa", "softmax", "attention")
 GEMM_KERNELS = ("gemm", "gemv", "cutlass", "xmma", "nvjet", "quant_gemm", "splitk", "sm90_", "sm80_")
+
+
+class OurBf16Linear(torch.nn.Module):
+    """An nn.Linear's bf16 weight and bias on `quant_gemm` (pair w16a16, the plan chain's choice)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x):
+        import astrai.extension as ae
+        y = ae.quant_gemm(x.reshape(-1, x.shape[-1]), self.weight, bias=self.bias, out_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
 def build(setup: str, base):
@@ -54,6 +68,11 @@ def build(setup: str, base):
     model.set_attn_implementation("sdpa" if setup == "hf" else "astrai")
     if setup in ("w8a16", "fp8"):
         ae.quantize_linear_(model, setup)
+    elif setup == "w16a16":
+        for name, module in list(model.named_modules()):
+            if type(module) is torch.nn.Linear:
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent), child, OurBf16Linear(module))
     return model
 
 
