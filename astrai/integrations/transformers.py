@@ -187,7 +187,10 @@ def _rotary(original):
             return original(q, k, cos, sin, unsqueeze_dim)  # a layout (or a gradient) we do not take
         from astrai.extension import apply_rotary_emb_qk
         half = q.shape[-1] // 2
-        q_rot, k_rot = apply_rotary_emb_qk(q.transpose(1, 2), k.transpose(1, 2), (cos[..., :half], sin[..., :half]))
+        cos, sin = cos[..., :half], sin[..., :half]
+        if cos.shape[0] == 1 and q.shape[0] > 1:  # positions shared by the batch (a forward without position_ids)
+            cos, sin = cos[0], sin[0]
+        q_rot, k_rot = apply_rotary_emb_qk(q.transpose(1, 2), k.transpose(1, 2), (cos, sin))
         return q_rot.transpose(1, 2), k_rot.transpose(1, 2)
 
     apply_rotary_pos_emb.astrai_original = original

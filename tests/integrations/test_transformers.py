@@ -179,6 +179,11 @@ def test_patched_rotary_matches_transformers_numerically(rotary_patched):
     for g, w in zip(got, want):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    # positions shared by the batch (a forward without position_ids): cos / sin [1, L, D]
+    got = modeling_llama.apply_rotary_pos_emb(q, k, cos[:1], sin[:1])
+    want = modeling_llama.apply_rotary_pos_emb.astrai_original(q, k, cos[:1], sin[:1])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
     # layouts it does not take go to transformers' own function, bitwise
     bits = modeling_llama.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
     ref = modeling_llama.apply_rotary_pos_emb.astrai_original(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2)
