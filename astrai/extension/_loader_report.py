@@ -167,6 +167,11 @@ def format_info(desc: dict[str, Any]) -> str:
         lines.append("  gemm plan  " + _gemm_plan_line(desc["policy"]["gemm_plan"]))
         if "attention_plan" in desc["policy"]:
             lines.append("  attn plan  " + _attention_plan_line(desc["policy"]["attention_plan"]))
+        if "fp8_gemm" in desc["policy"]:
+            fp8 = desc["policy"]["fp8_gemm"]
+            where = f"cuda:{fp8['device']}" if fp8["device"] is not None else "no CUDA device"
+            lines.append(f"  fp8 gemm   {where}: fp8_autocast's GEMMs on {fp8['runs']}"
+                         + (f" ({fp8['why']})" if fp8["why"] else ""))
     lines.append("  overrides  " + (", ".join(f"{k}={v}" for k, v in desc["overrides"].items()) or "none"))
     return "\n".join(lines)
 

@@ -301,3 +301,25 @@ def test_no_layout_blocks_the_kernels():
     for layout in ops.LAYOUTS:
         reason = backend._cuda_blocker(a, b, (), None, check_available=False, layout=layout)
         assert reason == "a is on cpu, not a CUDA device"
+
+
+def test_fp8_unavailable_reason_reads_the_device_and_the_image(monkeypatch):
+    """Why fp8 operands cannot run on the kernels (the policy's blocker and `info`'s "fp8 gemm" line), from the
+    compute capability and the arch of the loaded image's fp8 code; no library is loaded."""
+    from astrai.extension.ops import gemm as ops_gemm
+    for cc, arch, want in (((8, 0), 90, "the GPU is sm_80; fp8 operands need sm_89 or newer"),
+                           ((9, 0), -1, "no gemm library with code for this GPU"),
+                           ((9, 0), 80, "no fp8 mma code for this GPU (a PTX-only compute_80 image"),
+                           ((9, 0), 90, None), ((8, 9), 89, None)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, cc=cc: cc)
+        monkeypatch.setattr(ops_gemm, "fp8_code_arch_in_image", lambda index, arch=arch: arch)
+        got = ops_gemm.fp8_unavailable_reason(0)
+        assert (got is None) if want is None else (want in got), (cc, arch, got)
+
+
+def test_info_says_where_fp8_autocast_runs_its_gemms():
+    from astrai.extension import loader
+    state = loader.describe()["policy"]["fp8_gemm"]
+    if not torch.cuda.is_available():
+        assert state == {"device": None, "runs": "torch._scaled_mm", "why": "no CUDA device"}
+    assert "fp8 gemm" in loader.info() and state["runs"] in loader.info()

@@ -192,9 +192,10 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
                     f"pass {name}.contiguous() or a padded copy)")
     if check_available and not _kernels_available():
         return "no image serves the gemm family here (python -m astrai.extension info says why)"
-    if check_available and a.dtype in FP8 and _fp8_code_arch(a.device.index) < 89:
-        return ("the loaded image has no fp8 mma code for this GPU (a PTX-only compute_80 image such as "
-                "ASTRAI_IMAGE=ptx80; python -m astrai.extension info)")
+    if check_available and a.dtype in FP8:
+        why = _fp8_unavailable(a.device.index)
+        if why:
+            return why
     return None
 
 
@@ -205,8 +206,8 @@ def _capability(index: int | None) -> int:
 
 
 @torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
-def _fp8_code_arch(index: int | None) -> int:
-    return ops.fp8_code_arch_in_image(torch.cuda.current_device() if index is None else index)
+def _fp8_unavailable(index: int | None) -> str:
+    return ops.fp8_unavailable_reason(torch.cuda.current_device() if index is None else index) or ""
 
 
 def cuda_blocker(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None, bias=None,

@@ -577,6 +577,22 @@ def fp8_code_arch_in_image(index: int) -> int:
     return -1
 
 
+def fp8_unavailable_reason(index: int) -> str | None:
+    """Why fp8 operands cannot run on CUDA device `index` under the loaded image (None when they can): the GPU
+    below sm_89, no gemm library in the image, or its fp8 code for this GPU only compute_80 PTX (no fp8 mma). Reads
+    the image record; loads nothing."""
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) < (8, 9):
+        return f"the GPU is sm_{major}{minor}; fp8 operands need sm_89 or newer"
+    arch = fp8_code_arch_in_image(index)
+    if arch < 0:
+        return "the loaded image has no gemm library with code for this GPU"
+    if arch < 89:
+        return ("the loaded image has no fp8 mma code for this GPU (a PTX-only compute_80 image such as "
+                "ASTRAI_IMAGE=ptx80)")
+    return None
+
+
 # Traced code (torch.compile) calls these at trace time and keeps the result: Dynamo cannot trace the loader's lock
 # (fullgraph=True failed on the H200 without this) nor an lru_cache wrapper as a cache.
 @torch.compiler.assume_constant_result

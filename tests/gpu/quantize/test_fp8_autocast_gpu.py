@@ -165,3 +165,15 @@ def test_small_transformer_tracks_its_bf16_loss_curve(recipe):
     print(f"{type(recipe).__name__}: loss curve gap {gap:.4f}, final {got[-1]:.4f} vs bf16 {want[-1]:.4f}")
     assert gap < 0.03
     assert not [f for f in _fallbacks.snapshot()["reasons"] if f["op"] == "fp8_autocast"]
+
+
+def test_info_names_the_fp8_gemm_of_this_image():
+    """`info`'s "fp8 gemm" line: quant_gemm where the image has fp8 code for the GPU, else torch._scaled_mm with why
+    (ASTRAI_IMAGE=ptx80: compute_80 PTX only)."""
+    from astrai.extension import loader
+    from astrai.extension.backend import gemm as gemm_backend
+    state = loader.describe()["policy"]["fp8_gemm"]
+    a = torch.zeros(16, 16, device=DEVICE, dtype=torch.float8_e4m3fn)
+    served = gemm_backend.cuda_blocker(a, a) is None
+    assert state["runs"] == ("quant_gemm" if served else "torch._scaled_mm"), state
+    assert bool(state["why"]) == (not served)
