@@ -240,19 +240,17 @@ def describe() -> dict[str, Any]:
         failed = dict(_state.failed)
     desc = _loader_report.describe(sel, loaded, failed, _fallbacks.snapshot())
     desc["policy"] = {"gemm_plan": _gemm_plan_state(), "attention_plan": _attention_plan_state(),
-                      "fp8_gemm": _fp8_gemm_state(sel)}
+                      "fp8_gemm": _fp8_gemm_state()}
     return desc
 
 
-def _fp8_gemm_state(sel) -> dict[str, Any]:
+def _fp8_gemm_state() -> dict[str, Any]:
     """Where fp8_autocast's GEMMs (and fp8 `quant_gemm` calls) run on the current CUDA device: {"device", "runs":
     "quant_gemm" | "torch._scaled_mm", "why"}. Reads the image record; loads nothing."""
     if not torch_cuda_available():
         return {"device": None, "runs": "torch._scaled_mm", "why": "no CUDA device"}
     import torch
     index = torch.cuda.current_device()
-    if sel.chosen is None or "gemm" not in sel.chosen.libraries:
-        return {"device": index, "runs": "torch._scaled_mm", "why": "no image with the gemm family is chosen"}
     from astrai.extension.ops import gemm  # imports the loader: here, at call time
     why = gemm.fp8_unavailable_reason(index)
     return {"device": index, "runs": "torch._scaled_mm" if why else "quant_gemm", "why": why or ""}

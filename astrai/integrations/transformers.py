@@ -52,10 +52,14 @@ def _transformers():
     return transformers, masking_utils
 
 
-def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
+def _count_fallback(reason: str, backend: str, on_gpu: bool) -> None:
     with _lock:
         _reasons[reason] = _reasons.get(reason, 0) + 1
-    _fallbacks.record(OP, reason, "transformers sdpa", on_gpu=query.is_cuda)
+    _fallbacks.record(OP, reason, backend, on_gpu=on_gpu)
+
+
+def _fallback(reason: str, module, query, key, value, attention_mask, **kwargs):
+    _count_fallback(reason, "transformers sdpa", query.is_cuda)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
@@ -136,9 +140,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     if reason is None and query.shape[0] != 1:
         reason = f"q must be packed [1, H, T, D], got {list(query.shape)}"
     if reason:
-        with _lock:
-            _reasons[reason] = _reasons.get(reason, 0) + 1
-        _fallbacks.record(OP, reason, "transformers paged sdpa", on_gpu=query.is_cuda)
+        _count_fallback(reason, "transformers paged sdpa", query.is_cuda)
         return sdpa_attention_paged_forward(module, query, key, value, attention_mask, dropout=dropout,
                                             scaling=scaling, **kwargs)
     k, v = kwargs["cache"].update(key_states=key, value_states=value, layer_idx=module.layer_idx,

@@ -25,6 +25,8 @@ torch path; `select_path(...)` says which one `path="auto"` takes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from astrai.extension import loader
@@ -199,15 +201,27 @@ def _cuda_blocker(a: torch.Tensor, b: torch.Tensor, others, out: torch.Tensor | 
     return None
 
 
+# Asked on every fp8 call (fp8_autocast makes three a linear): once per device index and process. Traced code calls
+# the unwrapped functions at trace time (Dynamo cannot trace an lru_cache wrapper as a cache).
+@functools.lru_cache(maxsize=None)
+def _capability_cached(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_unavailable_cached(index: int) -> str:
+    return ops.fp8_unavailable_reason(index) or ""
+
+
 @torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
 def _capability(index: int | None) -> int:
-    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device() if index is None else index)
-    return major * 10 + minor
+    return _capability_cached(torch.cuda.current_device() if index is None else index)
 
 
 @torch.compiler.assume_constant_result  # evaluated once at trace time under torch.compile
 def _fp8_unavailable(index: int | None) -> str:
-    return ops.fp8_unavailable_reason(torch.cuda.current_device() if index is None else index) or ""
+    return _fp8_unavailable_cached(torch.cuda.current_device() if index is None else index)
 
 
 def cuda_blocker(a: torch.Tensor, b: torch.Tensor, *, a_scale=None, b_scale=None, bias=None,

@@ -135,8 +135,7 @@ class QuantLinear(nn.Module):
             raise ValueError(f"{name}: x must be [..., {self.in_features}] (in_features), got {list(x.shape)}")
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] == 0:
-            out_dtype = x.dtype
-            return x.new_empty(*x.shape[:-1], self.out_features, dtype=out_dtype)
+            return x.new_empty(*x.shape[:-1], self.out_features)
         a, a_scale = self._quantize_input(x2)
         y = quant_gemm(a, self.weight, a_scale=a_scale, b_scale=self.weight_scale, bias=self.bias, out_dtype=x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

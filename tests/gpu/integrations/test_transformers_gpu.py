@@ -65,6 +65,12 @@ def prompts(batch: int = 4, longest: int = 200):
     return ids.masked_fill(mask == 0, 0).to(DEVICE), mask.to(DEVICE)
 
 
+def masked_rel_error(got, want, mask) -> float:
+    """Relative error of `got` against `want` over the positions `mask` keeps (padding left out)."""
+    keep = mask.bool()
+    return ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
+
+
 def generate(model, impl: str, ids, mask):
     model.set_attn_implementation(impl)
     with torch.inference_mode():
@@ -146,8 +152,7 @@ def test_quantized_linears_keep_the_logits(mode):
         want = model(input_ids=ids, attention_mask=mask).logits
         ae.quantize_linear_(model, mode, skip=["lm_head"])
         got = model(input_ids=ids, attention_mask=mask).logits
-    keep = mask.bool()
-    rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
+    rel = masked_rel_error(got, want, mask)
     print(f"llama3-8b {mode}: logits relative error {rel:.4f} against bf16 linears")
     # The stated tolerance: the logits' relative error after two layers of quantized projections (per-channel int8
     # ~0.4% a product, e4m3 ~4-5%, compounding through 7 projections a layer); a scale or layout bug gives ~1.
@@ -176,8 +181,7 @@ def test_torch_compile_fullgraph_runs_our_kernels(monkeypatch):
         chosen.clear()
         got = torch.compile(model, fullgraph=True)(input_ids=ids, attention_mask=mask).logits
     assert chosen and set(chosen) == {"cuda"}, chosen
-    keep = mask.bool()
-    rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
+    rel = masked_rel_error(got, want, mask)
     assert rel < 2e-2, rel
 
 
