@@ -35,6 +35,9 @@ constexpr const char* kOpPrefill = "astrai.attn_prefill";
 constexpr const char* kOpPrefillRagged = "astrai.attn_prefill_ragged";
 constexpr const char* kOpPagedPrefill = "astrai.attn_paged_prefill";
 
+// q, K / V and the paged caches: the kernels' only element type.
+constexpr ScalarType kAttnDtype = ScalarType::BFloat16;
+
 bool aligned16(const Tensor& t) { return astrai::aligned16(t.data_ptr()); }
 
 // The stride of a size-1 axis is never used; zero keeps an odd value from failing the 16-byte rule.
@@ -114,9 +117,9 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
   const char* kname = paged ? "k_cache" : "k";
   const char* vname = paged ? "v_cache" : "v";
   const char* kv_layout = paged ? "[num_pages, page_size, Hkv, D]" : "[B, L, Hkv, D]";
-  binding::check_dtype(op, "q", a.q, ScalarType::BFloat16);
-  binding::check_dtype(op, kname, a.k, ScalarType::BFloat16);
-  binding::check_dtype(op, vname, a.v, ScalarType::BFloat16);
+  binding::check_dtype(op, "q", a.q, kAttnDtype);
+  binding::check_dtype(op, kname, a.k, kAttnDtype);
+  binding::check_dtype(op, vname, a.v, kAttnDtype);
   binding::check_rank(op, "q", a.q, 3, "[B, Hq, D]");   // q: (B, Hq, D)
   binding::check_rank(op, kname, a.k, 4, kv_layout);      // k: (B, L, Hkv, D) or (P, page_size, Hkv, D)
   binding::check_rank(op, vname, a.v, 4, kv_layout);      // v: like k
@@ -311,9 +314,9 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
   const char* kname = paged ? "k_cache" : "k";
   const char* vname = paged ? "v_cache" : "v";
   const char* kv_layout = paged ? "[num_pages, page_size, Hkv, D]" : ragged_kv ? "[Tkv, Hkv, D]" : "[B, L, Hkv, D]";
-  binding::check_dtype(op, "q", a.q, ScalarType::BFloat16);
-  binding::check_dtype(op, kname, a.k, ScalarType::BFloat16);
-  binding::check_dtype(op, vname, a.v, ScalarType::BFloat16);
+  binding::check_dtype(op, "q", a.q, kAttnDtype);
+  binding::check_dtype(op, kname, a.k, kAttnDtype);
+  binding::check_dtype(op, vname, a.v, kAttnDtype);
   binding::check_rank(op, "q", a.q, ragged_q ? 3 : 4, ragged_q ? "[Tq, Hq, D]" : "[B, Lq, Hq, D]");
   binding::check_rank(op, kname, a.k, ragged_kv ? 3 : 4, kv_layout);  // k: (B, L, Hkv, D) / (Tkv, ..) / (P, ps, ..)
   binding::check_rank(op, vname, a.v, ragged_kv ? 3 : 4, kv_layout);  // v: like k
@@ -549,10 +552,10 @@ AppendParams make_append_params(const Tensor& k_cache, const Tensor& v_cache, co
                                 const Tensor& v_new, const Tensor& page_table, const Tensor& seq_ids,
                                 const Tensor& positions) {
   const char* op = kOpAppend;
-  binding::check_dtype(op, "k_cache", k_cache, ScalarType::BFloat16);
-  binding::check_dtype(op, "v_cache", v_cache, ScalarType::BFloat16);
-  binding::check_dtype(op, "k_new", k_new, ScalarType::BFloat16);
-  binding::check_dtype(op, "v_new", v_new, ScalarType::BFloat16);
+  binding::check_dtype(op, "k_cache", k_cache, kAttnDtype);
+  binding::check_dtype(op, "v_cache", v_cache, kAttnDtype);
+  binding::check_dtype(op, "k_new", k_new, kAttnDtype);
+  binding::check_dtype(op, "v_new", v_new, kAttnDtype);
   binding::check_rank(op, "k_cache", k_cache, 4, "[num_pages, page_size, Hkv, D]");  // (P, page_size, Hkv, D)
   binding::check_rank(op, "v_cache", v_cache, 4, "[num_pages, page_size, Hkv, D]");
   binding::check_rank(op, "k_new", k_new, 3, "[N, Hkv, D]");                         // k_new: (N, Hkv, D)
@@ -647,18 +650,42 @@ AttnTarget described(int64_t cc, int64_t code_arch, int64_t binary_arch, int64_t
   return AttnTarget{int(cc), int(code_arch), int(binary_arch), int(sm_count), int(smem_optin)};
 }
 
-bool decode_kind(const char* op, const std::string& kind) {
-  check(kind == "decode" || kind == "prefill", op, "kind must be 'decode' or 'prefill', got '", kind, "'");
+// Why paged_kv_append cannot write tokens of `new_dtype` into a cache of `cache_dtype` with this head_dim and
+// page_size; empty when it can (make_append_params checks the same).
+std::string attn_append_unsupported(ScalarType new_dtype, ScalarType cache_dtype, int64_t head_dim,
+                                    int64_t page_size) {
+  if (cache_dtype != kAttnDtype) return binding::dtype_rule("the cache", cache_dtype, kAttnDtype);
+  if (new_dtype != kAttnDtype) return binding::dtype_rule("k_new / v_new", new_dtype, kAttnDtype);
+  if (head_dim <= 0 || head_dim % 8 != 0) {
+    return "head_dim must be a positive multiple of 8, got " + std::to_string(head_dim);
+  }
+  if (page_size < 1 || page_size > 128 || (page_size & (page_size - 1)) != 0) {
+    return "page_size must be a power of two in [1, 128], got " + std::to_string(page_size);
+  }
+  return std::string();
+}
+
+bool decode_kind(const char* op, const std::string& kind, bool append_ok = false) {
+  check(kind == "decode" || kind == "prefill", op,
+        append_ok ? "kind must be 'decode', 'prefill' or 'append'" : "kind must be 'decode' or 'prefill'", ", got '",
+        kind, "'");
   return kind == "decode";
 }
 
-// Why the attention ops cannot serve a call of these shapes, or cannot run `kernel` (prefill: 0 mma, 1 sm90;
-// decode: `pdl`) on a device described by (cc, code_arch, binary_arch, sm_count, smem_optin); empty when they
-// can. kernel -1: the shapes only. No tensors: callable on the CPU, for devices not in hand.
-std::string attn_can_implement(std::string kind, int64_t head_dim, int64_t num_q_heads, int64_t num_kv_heads,
-                               int64_t page_size, double scale, int64_t kernel, bool pdl, int64_t cc,
-                               int64_t code_arch, int64_t binary_arch, int64_t sm_count, int64_t smem_optin) {
-  const bool decode = decode_kind("astrai.attn_can_implement", kind);
+// Why the attention ops cannot serve a call of these dtypes and shapes, or cannot run `kernel` (prefill: 0 mma,
+// 1 sm90; decode: `pdl`) on a device described by (cc, code_arch, binary_arch, sm_count, smem_optin); empty when
+// they can. kernel -1: the dtypes and shapes only. kind "append": paged_kv_append's rules (q_dtype: the new
+// tokens', kv_dtype: the cache's; head_dim and page_size only). No tensors: callable on the CPU, for devices not
+// in hand; the policies ask it instead of restating the rules.
+std::string attn_can_implement(std::string kind, ScalarType q_dtype, ScalarType kv_dtype, int64_t head_dim,
+                               int64_t num_q_heads, int64_t num_kv_heads, int64_t page_size, double scale,
+                               int64_t kernel, bool pdl, int64_t cc, int64_t code_arch, int64_t binary_arch,
+                               int64_t sm_count, int64_t smem_optin) {
+  const char* op = "astrai.attn_can_implement";
+  if (kind == "append") return attn_append_unsupported(q_dtype, kv_dtype, head_dim, page_size);
+  const bool decode = decode_kind(op, kind, true);
+  if (q_dtype != kAttnDtype) return binding::dtype_rule("q", q_dtype, kAttnDtype);
+  if (kv_dtype != kAttnDtype) return binding::dtype_rule("K/V", kv_dtype, kAttnDtype);
   std::string why = attn_shapes_unsupported(head_dim, num_q_heads, num_kv_heads, page_size);
   if (!why.empty() || kernel < 0) return why;
   const AttnTarget target = described(cc, code_arch, binary_arch, sm_count, smem_optin);
@@ -746,8 +773,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
         "bool is_causal, float scale) -> Tensor");
   m.def("attn_paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? qo_indptr, Tensor page_table, "
         "Tensor kv_lens, Tensor? mask, bool is_causal, float scale) -> Tensor");
-  m.def("attn_can_implement(str kind, int head_dim, int num_q_heads, int num_kv_heads, int page_size, float scale, "
-        "int kernel, bool pdl, int cc, int code_arch, int binary_arch, int sm_count, int smem_optin) -> str");
+  m.def("attn_can_implement(str kind, ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int num_q_heads, "
+        "int num_kv_heads, int page_size, float scale, int kernel, bool pdl, int cc, int code_arch, int binary_arch, "
+        "int sm_count, int smem_optin) -> str");
   m.def("attn_plan(str kind, int batch, int q_len, int num_q_heads, int num_kv_heads, int head_dim, int max_kv_len, "
         "int page_size, bool ragged_q, float scale, int kv_split_size, int cc, int code_arch, int binary_arch, "
         "int sm_count, int smem_optin) -> int[]");

@@ -1,4 +1,5 @@
-// Stable-ABI registration of the quantize ops: validate, pack the params, launch on the current stream.
+// Stable-ABI registration of the quantize ops: validate, pack the params, launch on the current stream; and the
+// tensor-free quantize_plan and quantize_can_implement ops (what probe() and the policy ask).
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -38,12 +39,25 @@ constexpr int64_t kGroup = 128;  // columns of one block / group
 
 // ---- argument checks --------------------------------------------------------------------------------
 
+// Why the kernels cannot read an x of this dtype whose last dimension has this size and stride; empty when they
+// can. check_x enforces the same rules with the same words; the policy (backend/quantize.py) asks them without
+// tensors, on the CPU too, instead of restating them.
+std::string quantize_can_implement(ScalarType x_dtype, int64_t last_size, int64_t last_stride) {
+  if (x_dtype != ScalarType::BFloat16 && x_dtype != ScalarType::Half && x_dtype != ScalarType::Float) {
+    return std::string("x must be bfloat16, float16 or float32, got ") + binding::dtype_name(x_dtype);
+  }
+  if (last_size > 1 && last_stride != 1) {
+    return "x must have stride 1 in its last dimension, got " + std::to_string(last_stride);
+  }
+  return std::string();
+}
+
 QuantIn check_x(const char* op, const Tensor& x) {
   const ScalarType t = x.scalar_type();
-  check(t == ScalarType::BFloat16 || t == ScalarType::Half || t == ScalarType::Float, op,
-        "x must be bfloat16, float16 or float32, got ", binding::dtype_name(t));
+  const std::string dtype = quantize_can_implement(t, 1, 1);
+  check(dtype.empty(), op, dtype);
   binding::check_rank(op, "x", x, 2, "[M, N]");  // x: (M, N)
-  binding::check_strides(op, "x", x);
+  binding::check_strides(op, "x", x);  // the last-dimension rule of quantize_can_implement, with x's shape
   binding::check_element_aligned(op, "x", x);
   return t == ScalarType::BFloat16 ? QuantIn::kBF16 : t == ScalarType::Half ? QuantIn::kF16 : QuantIn::kF32;
 }
@@ -574,11 +588,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "quantize_plan(int rows, int cols, int in_type, int out_type, int scale_kind, bool transposed, bool vec_x, "
       "bool fold) -> int[]");
+  m.def("quantize_can_implement(ScalarType x_dtype, int last_size, int last_stride) -> str");
 }
 
-// No tensor arguments: one kernel for every backend (it plans for the current CUDA device).
+// No tensor arguments: one kernel for every backend (quantize_plan plans for the current CUDA device).
 STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
   m.impl("quantize_plan", TORCH_BOX(&astrai::quantize_plan_op));
+  m.impl("quantize_can_implement", TORCH_BOX(&astrai::quantize_can_implement));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

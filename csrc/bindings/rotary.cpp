@@ -1,5 +1,5 @@
 // Stable-ABI registration of the rotary ops: validate, pack RotaryParams, plan the launch (rotary_plan), launch on
-// the current stream; and the tensor-free rotary_plan op (what probe() asks).
+// the current stream; and the tensor-free rotary_plan and rotary_can_implement ops (what probe() and the policy ask).
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -53,6 +53,19 @@ bool may_overlap(const Tensor& q, const Tensor& k) {
   return true;
 }
 
+// q / k's element type: the only one the kernel reads (cos / sin are float32; the policy casts other dtypes).
+constexpr ScalarType kRotaryDtype = ScalarType::BFloat16;
+
+// Why the kernel cannot take q / k of these dtypes with this head_dim; empty when it can (k_dtype: q's for the
+// q-only op). make_params enforces the same rules; the policy (backend/rotary.py) asks them without tensors, on
+// the CPU too, instead of restating them.
+std::string rotary_can_implement(ScalarType q_dtype, ScalarType k_dtype, int64_t head_dim) {
+  if (q_dtype != kRotaryDtype) return binding::dtype_rule("q", q_dtype, kRotaryDtype);
+  if (k_dtype != kRotaryDtype) return binding::dtype_rule("k", k_dtype, kRotaryDtype);
+  if (head_dim % 2 != 0) return "head_dim must be even, got " + std::to_string(head_dim);
+  return std::string();
+}
+
 std::string config_str(const RotaryParams& p, const RotaryLaunch& plan, int32_t device_index) {
   std::ostringstream s;
   s << "rotary_bf16 (T=" << p.num_tokens << ", Hq=" << p.num_q_heads << ", Hk=" << p.num_k_heads
@@ -69,8 +82,8 @@ std::string config_str(const RotaryParams& p, const RotaryLaunch& plan, int32_t 
 // k: null for the q-only op.
 RotaryParams make_params(const char* op, const Tensor& q, const Tensor* k, const Tensor& cos, const Tensor& sin,
                          const std::optional<Tensor>& positions, bool interleaved, bool in_place) {
-  binding::check_dtype(op, "q", q, ScalarType::BFloat16);
-  if (k) binding::check_dtype(op, "k", *k, ScalarType::BFloat16);
+  const std::string dtypes = rotary_can_implement(q.scalar_type(), k ? k->scalar_type() : q.scalar_type(), 0);
+  check(dtypes.empty(), op, dtypes);  // head_dim is checked below, once q's rank is
   binding::check_dtype(op, "cos", cos, ScalarType::Float);
   binding::check_dtype(op, "sin", sin, ScalarType::Float);
   if (positions) {
@@ -280,11 +293,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
   m.def(
       "rotary_plan(int num_tokens, int num_q_heads, int num_k_heads, int head_dim, bool interleaved, bool vec_x, "
       "bool vec_cs, int sm_count, int threads_per_sm) -> int[]");
+  m.def("rotary_can_implement(ScalarType q_dtype, ScalarType k_dtype, int head_dim) -> str");
 }
 
 // No tensor arguments: one kernel for every backend.
 STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
   m.impl("rotary_plan", TORCH_BOX(&astrai::rotary_plan_op));
+  m.impl("rotary_can_implement", TORCH_BOX(&astrai::rotary_can_implement));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {

@@ -89,9 +89,14 @@ inline std::string strides_str(const Tensor& t) { return list_str(t.strides()); 
 
 // ---- argument checks (messages: "<op>: <name> must be ..., got ...") -------------------------------
 
+// "<name> must be <expected>, got <got>": the words of a dtype rule, for check_dtype and for the tensor-free
+// can_implement ops the policies ask (so a fallback's reason and the op's error say the same).
+inline std::string dtype_rule(const char* name, ScalarType got, ScalarType expected) {
+  return std::string(name) + " must be " + dtype_name(expected) + ", got " + dtype_name(got);
+}
+
 inline void check_dtype(const char* op, const char* name, const Tensor& t, ScalarType expected) {
-  check(t.scalar_type() == expected, op, name, " must be ", dtype_name(expected), ", got ",
-        dtype_name(t.scalar_type()));
+  if (t.scalar_type() != expected) fail(op, dtype_rule(name, t.scalar_type(), expected));
 }
 
 // `layout` names the axes, e.g. "[T, H, D]".

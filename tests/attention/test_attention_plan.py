@@ -1,6 +1,8 @@
 """The attention policy (astrai.extension.attention_plan) on the CPU: the library's own rules asked about devices this
 machine does not have, the plans it makes for them, the switches and their environment seed."""
 
+import re
+
 import pytest
 import torch
 
@@ -152,6 +154,32 @@ def test_the_blocker_asks_the_library():
     """CudaBackend's blocker words a shape it cannot take as the library does (it no longer keeps its own list)."""
     assert not hasattr(ops, "HEAD_DIMS")
     assert backend.attention_plan.shapes_reason(96, 8, 2) == "head_dim must be 64, 128 or 256, got 96"
+
+
+@pytest.mark.parametrize("dtype,kv_dtype,want", [
+    (torch.float16, None, "q must be bfloat16, got float16"),
+    (torch.bfloat16, torch.float32, "K/V must be bfloat16, got float32"),
+    (torch.bfloat16, torch.bfloat16, ""),
+])
+def test_the_blocker_asks_the_library_about_dtypes(dtype, kv_dtype, want):
+    """The dtype rule too is the library's (attn_can_implement); the decode op refuses with the same words."""
+    assert backend.attention_plan.shapes_reason(128, 8, 2, 0, dtype, kv_dtype) == want
+    if want.startswith("q "):
+        q = torch.zeros(2, 8, 128, dtype=dtype)
+        kv = torch.zeros(2, 16, 2, 128, dtype=torch.bfloat16)
+        with pytest.raises(RuntimeError, match=r"astrai\.attn_decode: " + re.escape(want)):
+            torch.ops.astrai.attn_decode(q, kv, kv, None, None, 1.0, 0)
+
+
+@pytest.mark.parametrize("new,cache,head_dim,page,want", [
+    (torch.bfloat16, torch.bfloat16, 128, 16, None),
+    (torch.float16, torch.bfloat16, 128, 16, "k_new / v_new must be bfloat16, got float16"),
+    (torch.bfloat16, torch.float32, 128, 16, "the cache must be bfloat16, got float32"),
+    (torch.bfloat16, torch.bfloat16, 12, 16, "head_dim must be a positive multiple of 8, got 12"),
+    (torch.bfloat16, torch.bfloat16, 128, 24, "page_size must be a power of two in [1, 128], got 24"),
+])
+def test_the_append_rules_are_the_librarys(new, cache, head_dim, page, want):
+    assert ap.append_reason(new, cache, head_dim, page) == want
 
 
 def test_kv_heads_of_a_packed_call():

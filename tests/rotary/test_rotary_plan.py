@@ -1,8 +1,11 @@
 """The rotary launch plan (ops.rotary.probe) on the CPU: the library's own rule, asked about an H200-sized device."""
 
+import re
+
 import pytest
 import torch
 
+from astrai.extension.backend import rotary as backend
 from astrai.extension.ops import rotary as ops
 
 pytestmark = pytest.mark.requires_cuda_kernels("rotary")
@@ -40,3 +43,25 @@ def test_bad_sizes_name_the_op():
     ops.load()
     with pytest.raises(RuntimeError, match=r"astrai\.rotary_plan: head_dim must be even and >= 2, got 7"):
         torch.ops.astrai.rotary_plan(10, 8, 0, 7, False, True, True, 132, 2048)
+
+
+@pytest.mark.parametrize("q_dtype,k_dtype,head_dim,want", [
+    (torch.bfloat16, torch.bfloat16, 128, ""),
+    (torch.float16, torch.bfloat16, 128, "q must be bfloat16, got float16"),
+    (torch.bfloat16, torch.float32, 64, "k must be bfloat16, got float32"),
+    (torch.bfloat16, torch.bfloat16, 7, "head_dim must be even, got 7"),
+])
+def test_the_policy_asks_the_library(q_dtype, k_dtype, head_dim, want):
+    """The backend's blocker words a call the kernel cannot take as the library does (rotary_can_implement)."""
+    assert backend._library_reason(q_dtype, k_dtype, head_dim) == want
+    ops.load()
+    assert torch.ops.astrai.rotary_can_implement(q_dtype, k_dtype, head_dim) == want
+
+
+def test_the_op_refuses_with_the_policys_words():
+    """Negative control for the blocker's words: the op itself refuses an fp16 q with the same sentence."""
+    why = backend._library_reason(torch.float16, torch.float16, 8)
+    assert why
+    x, cos = torch.zeros(4, 2, 8, dtype=torch.float16), torch.zeros(4, 4)
+    with pytest.raises(RuntimeError, match=r"astrai\.rotary_embedding: " + re.escape(why)):
+        torch.ops.astrai.rotary_embedding(x, cos, cos, None, False)

@@ -40,7 +40,9 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
     "attn_set_policy": (True, "takes no tensors: sets launch switches (pdl and tma change no bits; sm90 picks the "
                               "kernel for every batch alike)"),
     "rotary_plan": (True, "takes no tensors: a plan from its arguments alone"),
+    "rotary_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "quantize_plan": (True, "takes no tensors: a plan from its arguments and the device's facts"),
+    "quantize_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "paged_kv_append": (True, "each token's k/v is copied into its own page slot: nothing is combined"),
 }
 

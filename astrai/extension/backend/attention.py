@@ -177,12 +177,11 @@ class CudaBackend(AttentionBackend):
     def blocker(self, call: AttnCall, *, check_available: bool = True) -> str | None:
         if not call.q.is_cuda or call.kv_device.type != "cuda":
             return "q and K/V must be CUDA tensors"
-        if call.q.dtype != torch.bfloat16 or call.kv_dtype != torch.bfloat16:
-            return f"the kernels take bfloat16, got q {call.q.dtype} and K/V {call.kv_dtype}"
         available = _kernels_available()
-        if available:  # the library's own shape rules (attention_policy.h), not a copy of them
+        if available:  # the library's own dtype and shape rules (attention_policy.h, the binding), not a copy
             why = attention_plan.shapes_reason(call.q.shape[-1], call.q.shape[-2], call.num_kv_heads,
-                                               call.kv_cache.page_size if call.kv_cache is not None else 0)
+                                               call.kv_cache.page_size if call.kv_cache is not None else 0,
+                                               call.q.dtype, call.kv_dtype)
             if why:
                 return why
         if call.fwd == "decode" and not call.packed and call.q.shape[1] != 1:

@@ -13,6 +13,7 @@ import torch
 
 from astrai.extension import _fallbacks, loader
 from astrai.extension.ops import attention as ops
+from astrai.extension.ops import attention_plan
 
 
 class PagedKVCache:
@@ -149,13 +150,11 @@ class PagedKVCache:
         """Why the append kernel cannot write these tokens (None: it can)."""
         if not self.k.is_cuda:
             return f"the cache is on {self.device}, not a CUDA device"
-        if self.k.dtype != torch.bfloat16 or k_new.dtype != torch.bfloat16 or v_new.dtype != torch.bfloat16:
-            return f"the kernel takes bfloat16, got cache {self.k.dtype}, k_new {k_new.dtype}, v_new {v_new.dtype}"
-        if self.head_dim % 8:
-            return f"head_dim {self.head_dim} is not a multiple of 8"
         if not loader.family_available(ops.FAMILY):
             return "no image serves the attention family here (python -m astrai.extension info says why)"
-        return None
+        # The library's own rules (what paged_kv_append refuses), asked for k_new and v_new.
+        return (attention_plan.append_reason(k_new.dtype, self.k.dtype, self.head_dim, self.page_size)
+                or attention_plan.append_reason(v_new.dtype, self.k.dtype, self.head_dim, self.page_size))
 
     def _flat(self, t: torch.Tensor, name: str) -> torch.Tensor:
         if t.dim() == 4:

@@ -3,9 +3,12 @@ the same bits (so a CPU result equals the GPU one).
 
 The CUDA kernels (`astrai.extension.ops.quantize`) run when all of these hold, checked in this order:
 
-1. x is a bf16, fp16 or fp32 CUDA tensor;
-2. the call is one the kernels implement (int8 only row-major; block scaling needs N % 128 == 0);
-3. an image serves the quantize family here (`loader.family_available("quantize")`).
+1. x is a CUDA tensor;
+2. an image serves the quantize family here (`loader.family_available("quantize")`);
+3. the library takes x (`torch.ops.astrai.quantize_can_implement`: bf16, fp16 or fp32 with a unit last stride;
+   the ops refuse the same with the same words).
+
+Calls no path implements (int8 only row-major; block scaling needs N % 128 == 0) raise on both paths.
 
 Quantization has no gradient: an x that requires grad is quantized as its detached value on both paths.
 `path="cuda"` forces the kernels and raises with the reason when they cannot run; `path="torch"` forces the
@@ -20,6 +23,7 @@ two with `pow2_scale`), `s = 1` for an amax of 0, inf or NaN; the returned `scal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import weakref
 
@@ -50,14 +54,26 @@ def _qmax(dtype: torch.dtype, fn: str) -> float:
     return FP8_MAX[dtype]
 
 
+@torch.compiler.assume_constant_result  # a constant per argument tuple (read once when tracing)
+def _library_reason(dtype: torch.dtype, last_size: int, last_stride: int) -> str:
+    return _quantize_reason(dtype, min(int(last_size), 2), int(last_stride) if last_size > 1 else 1)
+
+
+@functools.lru_cache(maxsize=256)  # asked at every call: one lookup once an argument tuple was seen
+def _quantize_reason(dtype: torch.dtype, last_size: int, last_stride: int) -> str:
+    ops.load()
+    return torch.ops.astrai.quantize_can_implement(dtype, last_size, last_stride)
+
+
 def _cuda_blocker(x: torch.Tensor, *, check_available: bool = True) -> str | None:
     if not x.is_cuda:
         return f"x is on {x.device}, not a CUDA device"
-    if x.dtype not in _IN_DTYPES:
-        return f"x is {x.dtype}; the kernels take bfloat16, float16 or float32"
-    if x.dim() >= 1 and x.shape[-1] > 1 and x.stride(-1) != 1:
-        return "x's last dimension is not contiguous"
-    if check_available and not _kernels_available():
+    available = _kernels_available()
+    if available:  # the library's own rules for x (quantize_can_implement), not a copy of them
+        why = _library_reason(x.dtype, x.shape[-1] if x.dim() else 1, x.stride(-1) if x.dim() else 1)
+        if why:
+            return why
+    if check_available and not available:
         return "no image serves the quantize family here (python -m astrai.extension info says why)"
     return None
 

@@ -2,7 +2,8 @@
 
 The CUDA kernel (`astrai.extension.ops.rotary`) runs when all of these hold, checked in this order:
 
-1. x (and k) are bfloat16 CUDA tensors;
+1. x (and k) are CUDA tensors, and where an image serves the rotary family the library takes their dtypes
+   (`torch.ops.astrai.rotary_can_implement`: bfloat16; the op refuses the same with the same words);
 2. no gradient is needed: grad mode is off, or none of x, k, cos, sin requires grad. The kernel has no
    backward, so this is the exact condition under which skipping autograd is correct: an output that
    does not require grad records no graph on either path;
@@ -20,6 +21,7 @@ torch path; `select_path(...)` says which one `path="auto"` takes.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -40,21 +42,33 @@ def _merges(t: torch.Tensor) -> bool:
     return t.dim() != 4 or t.shape[0] <= 1 or t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
+@torch.compiler.assume_constant_result  # a constant per dtype pair and head_dim (read once when tracing)
+def _library_reason(q_dtype: torch.dtype, k_dtype: torch.dtype, head_dim: int) -> str:
+    return _rotary_reason(q_dtype, k_dtype, int(head_dim))
+
+
+@functools.lru_cache(maxsize=256)  # asked at every call: one lookup once a (dtypes, head_dim) was seen
+def _rotary_reason(q_dtype: torch.dtype, k_dtype: torch.dtype, head_dim: int) -> str:
+    ops.load()
+    return torch.ops.astrai.rotary_can_implement(q_dtype, k_dtype, head_dim)
+
+
 def _cuda_blocker(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                   inplace: bool, *, check_available: bool = True) -> str | None:
     """Why the CUDA kernel cannot run this call, or None when it can."""
     for name, t in (("x" if k is None else "q", x), ("k", k)):
-        if t is None:
-            continue
-        if not t.is_cuda:
+        if t is not None and not t.is_cuda:
             return f"{name} is on {t.device}, not a CUDA device"
-        if t.dtype != torch.bfloat16:
-            return f"{name} is {t.dtype}; the kernel takes torch.bfloat16"
+    available = _kernels_available()
+    if available:  # the library's own dtype and head_dim rules (rotary_can_implement), not a copy of them
+        why = _library_reason(x.dtype, (x if k is None else k).dtype, x.shape[-1])
+        if why:
+            return why
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, k, cos, sin)):
         return "a gradient is needed (grad mode is on and an input requires grad); the kernel has no backward"
     if inplace and not (_merges(x) and (k is None or _merges(k))):
         return "in place on [B, S, H, D] whose batch and sequence axes do not merge into one token axis"
-    if check_available and not _kernels_available():
+    if check_available and not available:
         return "no image serves the rotary family here (python -m astrai.extension info says why)"
     return None
 

@@ -156,23 +156,29 @@ def _kind(fn: str, kind: str) -> str:
 
 # A device that lacks nothing: the shape rules alone.
 _ANY = AttnFacts((9, 0), 90, 90, 132, 227 * 1024)
+_ANY_ARGS = _facts_args(_ANY)
 
 
 @functools.lru_cache(maxsize=1024)
-def _reason(kind: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int, scale: float,
-            kernel: int, pdl: bool, target: tuple) -> str | None:
-    why = torch.ops.astrai.attn_can_implement(kind, head_dim, num_q_heads, num_kv_heads, page_size, scale, kernel,
-                                              pdl, *target)
+def _reason(kind: str, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, num_q_heads: int,
+            num_kv_heads: int, page_size: int, scale: float, kernel: int, pdl: bool, target: tuple) -> str | None:
+    why = torch.ops.astrai.attn_can_implement(kind, dtype, kv_dtype, head_dim, num_q_heads, num_kv_heads, page_size,
+                                              scale, kernel, pdl, *target)
     return why or None
 
 
 def can_implement(kind: str, head_dim: int, num_q_heads: int, num_kv_heads: int, *, page_size: int = 0,
                   scale: float | None = None, kernel: str | None = None, pdl: bool = False,
-                  facts: AttnFacts | None = None) -> str | None:
-    """Why the attention ops cannot serve a call of these shapes (page_size 0: contiguous K/V), or cannot run
-    `kernel` ("mma" / "sm90", prefill) or a dependent launch (`pdl=True`, decode) on the device `facts` describes
-    (default: the current device where a kernel or pdl is asked about); None when they can. The library's own
-    rules: the ops refuse the same calls with the same words."""
+                  facts: AttnFacts | None = None, dtype: torch.dtype = torch.bfloat16,
+                  kv_dtype: torch.dtype | None = None) -> str | None:
+    """Why the attention ops cannot serve a call of these dtypes (q's, K/V's: default q's) and shapes (page_size 0:
+    contiguous K/V), or cannot run `kernel` ("mma" / "sm90", prefill) or a dependent launch (`pdl=True`, decode)
+    on the device `facts` describes (default: the current device where a kernel or pdl is asked about); None when
+    they can. The library's own rules: the ops refuse the same calls with the same words.
+
+    >>> can_implement("decode", 96, 32, 8)
+    'head_dim must be 64, 128 or 256, got 96'
+    """
     _kind("can_implement", kind)
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"can_implement: kernel must be one of {KERNELS} or None, got {kernel!r}")
@@ -181,23 +187,34 @@ def can_implement(kind: str, head_dim: int, num_q_heads: int, num_kv_heads: int,
     target = facts if facts is not None else (_facts_of() if asks_device else _ANY)
     code = -1 if kernel is None and not pdl else (KERNELS.index(kernel) if kernel is not None else 0)
     scale = 1.0 / head_dim ** 0.5 if scale is None else float(scale)
-    return _reason(kind, int(head_dim), int(num_q_heads), int(num_kv_heads), int(page_size), scale, code, bool(pdl),
-                   _facts_args(target))
+    return _reason(kind, dtype, dtype if kv_dtype is None else kv_dtype, int(head_dim), int(num_q_heads),
+                   int(num_kv_heads), int(page_size), scale, code, bool(pdl), _facts_args(target))
+
+
+def append_reason(new_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int, page_size: int) -> str | None:
+    """Why the paged append kernel cannot write tokens of `new_dtype` into a cache of `cache_dtype` with these sizes
+    (None when it can): the library's rule (`paged_kv_append` refuses the same). A constant per argument tuple."""
+    _load()
+    return _reason("append", new_dtype, cache_dtype, int(head_dim), 0, 0, int(page_size), 1.0, -1, False, _ANY_ARGS)
 
 
 _facts_of = facts  # for the functions whose `facts` argument shadows it
 
 
 @torch.compiler.assume_constant_result
-def shapes_reason(head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int = 0) -> str:
-    """Why the attention kernels cannot take these shapes ("" when they can): the backend's blocker asks this
-    instead of restating the rule (a constant under torch.compile)."""
-    return _shapes_reason(int(head_dim), int(num_q_heads), int(num_kv_heads), int(page_size))
+def shapes_reason(head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int = 0,
+                  dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None) -> str:
+    """Why the attention kernels cannot take these dtypes and shapes ("" when they can): the backend's blocker asks
+    this instead of restating the rules (a constant under torch.compile)."""
+    return _shapes_reason(int(head_dim), int(num_q_heads), int(num_kv_heads), int(page_size), dtype,
+                          dtype if kv_dtype is None else kv_dtype)
 
 
 @functools.lru_cache(maxsize=1024)  # the blocker asks at every attention call: one lookup once a shape was seen
-def _shapes_reason(head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int) -> str:
-    return can_implement("decode", head_dim, num_q_heads, num_kv_heads, page_size=page_size) or ""
+def _shapes_reason(head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int, dtype: torch.dtype,
+                   kv_dtype: torch.dtype) -> str:
+    return can_implement("decode", head_dim, num_q_heads, num_kv_heads, page_size=page_size, dtype=dtype,
+                         kv_dtype=kv_dtype) or ""
 
 
 def probe(kind: str, *, num_q_heads: int, num_kv_heads: int, head_dim: int, kv_len: int, batch: int = 1,
