@@ -230,3 +230,56 @@ def test_a_checkpoint_of_another_mode_is_refused():
     state = ae.W8A8Linear.from_linear(_linear()).state_dict()  # int8 weights
     with pytest.raises(RuntimeError, match=r"weight must be torch.float8_e4m3fn \(mode 'fp8'\), got torch.int8"):
         ae.Fp8Linear(64, 48).load_state_dict(state)
+
+
+@pytest.mark.requires_cuda_kernels("gemm")
+@pytest.mark.requires_cuda_kernels("quantize")
+@pytest.mark.parametrize("mode", ["w8a16", "w8a8"])
+def test_the_fast_path_skips_only_checks_that_passed(mode, monkeypatch):
+    """The host-time fast path, on the CPU with CUDA faked and the ops stubbed: a call goes straight to the ops only
+    after a checked call with a like x ran the kernels and with the same buffers; a misaligned x, a replaced buffer,
+    another dtype or a call the policy sent to torch goes through the checks (tests/gpu/linear checks the bits)."""
+    from astrai.extension.backend import gemm as gemm_backend
+    from astrai.extension.backend import quantize as quantize_backend
+    from astrai.extension.ops import gemm as gemm_ops
+    from astrai.extension.ops import gemm_plan
+    from astrai.extension.ops import quantize as quantize_ops
+    gemm_ops.load()
+    quantize_ops.load()
+    q = backend.MODULES[mode].from_linear(torch.nn.Linear(64, 48).to(torch.bfloat16))
+    launched, checked = [], []
+    monkeypatch.setattr(torch.ops.astrai, "quant_gemm",
+                        lambda a, b, *rest: launched.append((a, b, rest)) or torch.zeros(a.shape[0], b.shape[0]))
+    monkeypatch.setattr(torch.ops.astrai, "quantize_dynamic",
+                        lambda x, dtype, *rest: (x.to(dtype), None, torch.ones(x.shape[0], 1)))
+    monkeypatch.setattr(gemm_plan, "plan_call", lambda *a, **k: (2, 1))
+    monkeypatch.setattr(gemm_backend, "_kernels_available", lambda: True)
+    monkeypatch.setattr(quantize_backend, "_kernels_available", lambda: True)
+    monkeypatch.setattr(quantize_backend, "_library_reason", lambda *a: "")
+    real = gemm_backend.validate
+    monkeypatch.setattr(gemm_backend, "validate", lambda *a, **k: checked.append(1) or real(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        q(x)
+        assert (len(checked), len(launched)) == (1, 1) and q._fast_key is not None
+        q(torch.randn(9, 64, dtype=torch.bfloat16))  # another M: straight to the ops
+        assert (len(checked), len(launched)) == (1, 2)
+        assert launched[1][1] is q.weight and launched[1][2][1] is q.weight_scale and launched[1][2][2] is q.bias
+        # Misaligned: checked; w8a16's GEMM reads it (torch path), w8a8's reads the fresh quantized copy (kernels).
+        q(torch.randn(5 * 64 + 1, dtype=torch.bfloat16)[1:].view(5, 64))
+        runs = 2 if mode == "w8a16" else 3
+        assert (len(checked), len(launched)) == (2, runs) and q._fast_key is not None
+        q.bias = q.bias.clone()
+        q(x)
+        assert (len(checked), len(launched)) == (3, runs + 1)
+        if mode == "w8a8":  # float32 activations are another key
+            q(x.float())
+            assert (len(checked), len(launched)) == (4, runs + 2)
+        monkeypatch.setattr(gemm_backend, "_kernels_available", lambda: False)
+        q._fast_key = None
+        q(x)  # the policy sends it to torch: no fast path after it
+        assert q._fast_key is None
+        n = len(checked)
+        q(x)
+        assert len(checked) == n + 1

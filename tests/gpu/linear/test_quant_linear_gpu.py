@@ -116,3 +116,32 @@ def test_fp8_falls_back_with_the_reason():
         q(torch.randn(4, 256, device=DEVICE, dtype=torch.bfloat16))
     reasons = [f["reason"] for f in _fallbacks.snapshot()["reasons"] if f["op"] == "quant_gemm"]
     assert reasons and "no fp8 mma code" in reasons[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fast_path_gives_the_checked_paths_bits(mode, monkeypatch):
+    """After a checked call ran the kernels, a call with a like x skips the policy's Python checks (host time) and
+    calls the ops directly: the same bits as the checked path at every M. A misaligned x or a replaced buffer goes
+    through the checks again."""
+    _skip_unserved(mode)
+    q = backend.MODULES[mode].from_linear(torch.nn.Linear(1024, 776).to(DEVICE, torch.bfloat16))
+    checked = []
+    real = gemm_backend.validate
+    monkeypatch.setattr(gemm_backend, "validate", lambda *a, **k: checked.append(1) or real(*a, **k))
+    with torch.inference_mode():
+        for m in (37, 1, 300):
+            x = torch.randn(m, 1024, device=DEVICE, dtype=torch.bfloat16)
+            q._fast_key = None
+            slow = q(x)
+            assert q._fast_key is not None, "the checked call ran the kernels: the next may skip the checks"
+            before = len(checked)
+            fast = q(x)
+            assert len(checked) == before, "the second call went through the checks"
+            assert_bitwise_equal(fast, slow, f"fast path vs checked path, M = {m}")
+        flat = torch.randn(37 * 1024 + 1, device=DEVICE, dtype=torch.bfloat16)
+        before = len(checked)
+        q(flat[1:].view(37, 1024))  # 2 bytes past an aligned base
+        assert len(checked) == before + 1, "a misaligned x skipped the checks"
+        q.weight_scale = q.weight_scale.clone()
+        q(torch.randn(4, 1024, device=DEVICE, dtype=torch.bfloat16))
+        assert len(checked) == before + 2, "a replaced buffer skipped the checks"

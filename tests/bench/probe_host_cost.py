@@ -1,0 +1,80 @@
+"""Probe (GPU): host time a call of our eager Python paths, beside the torch calls a model would make instead.
+
+    python tests/bench/probe_host_cost.py
+
+Small shapes (M = 1, 1024 x 1024 weights, one decode step of 8 sequences) so that the GPU keeps up with the host:
+each case runs `CALLS` calls back to back; "host" is the loop's time before the final synchronize (what the Python
+path costs the caller), "wall" includes the synchronize. Eager decoding calls every linear, rotary and attention of
+every layer once a token, so these microseconds multiply by ~7 linears + 1 attention + 1 rotary a layer.
+Reference for docs/benchmarks.md ("Host cost of the eager paths"); not a gate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import astrai.extension as ae
+from astrai.extension.backend import gemm as gemm_backend
+from astrai.extension.ops import gemm as gemm_ops
+
+CALLS = 2000
+DEVICE = "cuda"
+
+
+def host_us(fn, calls: int = CALLS, repeats: int = 5) -> tuple[float, float]:
+    hosts, walls = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        hosts.append((t1 - t0) / calls * 1e6)
+        walls.append((t2 - t0) / calls * 1e6)
+    return statistics.median(hosts), statistics.median(walls)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    lin = torch.nn.Linear(1024, 1024, bias=False).to(DEVICE, torch.bfloat16)
+    x = torch.randn(1, 1024, device=DEVICE, dtype=torch.bfloat16)
+    cases = {"F.linear bf16 (cuBLAS)": lambda: F.linear(x, lin.weight),
+             "nn.Linear bf16 (module call)": lambda: lin(x)}
+    for mode in ("w8a16", "w8a8", "fp8"):
+        q = ae.quantize_linear_(torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False)).to(DEVICE, torch.bfloat16),
+                                mode)[0]
+        cases[f"{type(q).__name__} (fast path)"] = (lambda q=q: q(x))
+    w8 = ae.W8A16Linear.from_linear(lin)
+    cases["quant_gemm w8a16 (public, checked)"] = lambda: ae.quant_gemm(x, w8.weight, b_scale=w8.weight_scale)
+    cases["ops.gemm.quant_gemm w8a16 (op wrapper)"] = lambda: gemm_ops.quant_gemm(x, w8.weight,
+                                                                                 b_scale=w8.weight_scale)
+    cases["gemm_backend.validate + cuda_blocker"] = lambda: (
+        gemm_backend.validate("probe", x, w8.weight, None, w8.weight_scale, None, torch.bfloat16, 0, None),
+        gemm_backend.cuda_blocker(x, w8.weight, b_scale=w8.weight_scale))
+    q4 = torch.randn(8, 1, 32, 128, device=DEVICE, dtype=torch.bfloat16)
+    kv = torch.randn(8, 512, 8, 128, device=DEVICE, dtype=torch.bfloat16)
+    cases["attention decode (ours, policy + op)"] = lambda: ae.attention(q4, kv, kv)
+    qt, kt = q4.transpose(1, 2), kv.transpose(1, 2)
+    cases["F.scaled_dot_product_attention (GQA)"] = lambda: F.scaled_dot_product_attention(qt, kt, kt,
+                                                                                          enable_gqa=True)
+    cos, sin = ae.rotary_cos_sin_cache(4096, 128, device=DEVICE)
+    pos = torch.full((8, 1), 100, device=DEVICE, dtype=torch.int64)
+    cases["apply_rotary_emb (ours)"] = lambda: ae.apply_rotary_emb(q4, (cos, sin), pos, check_positions=False)
+    with torch.inference_mode():
+        for fn in cases.values():
+            fn()  # warm: plans, fast-path keys, lazy loads
+        print(f"{'case':44s} {'host us/call':>12s} {'wall us/call':>12s}")
+        for name, fn in cases.items():
+            host, wall = host_us(fn)
+            print(f"{name:44s} {host:12.2f} {wall:12.2f}")
+
+
+if __name__ == "__main__":
+    main()
