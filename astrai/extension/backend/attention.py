@@ -139,12 +139,16 @@ def _is_vec_layout(t: torch.Tensor) -> bool:
     """The kernels' 16-byte rule: aligned base, unit last stride, other strides multiples of 8 elements."""
     if t.numel() == 0:
         return True
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
+    shape, strides = t.shape, t.stride()  # once: this runs for q, K and V on every call
+    if strides[-1] != 1 and shape[-1] > 1:
         return False
     # Traced (fake) tensors have no data pointer: under torch.compile the op checks it at run time.
     if not torch.compiler.is_compiling() and t.data_ptr() % 16:
         return False
-    return all(t.stride(d) % 8 == 0 or t.shape[d] == 1 for d in range(t.dim() - 1))
+    for d in range(len(strides) - 1):
+        if strides[d] % 8 and shape[d] != 1:
+            return False
+    return True
 
 
 @torch.compiler.assume_constant_result
@@ -196,7 +200,7 @@ class CudaBackend(AttentionBackend):
             if t is not None and t.device != call.q.device:
                 return f"{name} is on {t.device}, q on {call.q.device}"
         tensors = [call.q] + ([call.k, call.v] if call.kv_cache is None else list(call.kv_cache.layer(call.layer_id)))
-        if not all(_is_vec_layout(t) for t in tensors):
+        if not (_is_vec_layout(tensors[0]) and _is_vec_layout(tensors[1]) and _is_vec_layout(tensors[2])):
             return "q/K/V are not 16-byte aligned with strides that are multiples of 8 elements"
         if check_available:
             if not available:
