@@ -283,3 +283,38 @@ def test_the_fast_path_skips_only_checks_that_passed(mode, monkeypatch):
         n = len(checked)
         q(x)
         assert len(checked) == n + 1
+
+
+class _TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 32, dtype=torch.bfloat16)
+        self.proj = torch.nn.Linear(32, 32, dtype=torch.bfloat16)
+        self.lm_head = torch.nn.Linear(32, 64, bias=False, dtype=torch.bfloat16)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.lm_head(self.proj(self.embed(ids)))
+
+
+def test_a_tied_head_is_named_and_a_re_tied_one_refused(caplog):
+    """A converted lm_head tied to the embedding: warned (its bytes and how to keep it tied); re-tied afterwards (the
+    bf16 embedding put back as its weight), its forward says what happened instead of a GEMM dtype error."""
+    model = _TiedLM()
+    with caplog.at_level("WARNING", logger="astrai.extension"):
+        backend.quantize_linear_(model, "w8a16")
+    tied = [r.getMessage() for r in caplog.records if "(tied)" in r.getMessage()]
+    assert len(tied) == 1 and "lm_head's weight is also embed.weight" in tied[0] and "skip=['lm_head']" in tied[0]
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert model(ids).shape == (1, 3, 64)
+        model.lm_head.weight = model.embed.weight  # what tie_weights() does
+        with pytest.raises(TypeError, match=r"W8A16Linear: weight is torch.bfloat16, not torch.int8 \(mode "
+                                            r"'w8a16'\): it was replaced"):
+            model(ids)
+    caplog.clear()
+    untied = _TiedLM()
+    with caplog.at_level("WARNING", logger="astrai.extension"):
+        backend.quantize_linear_(untied, "w8a16", skip=["lm_head"])
+    assert not [r for r in caplog.records if "(tied)" in r.getMessage()]
+    assert untied.lm_head.weight is untied.embed.weight

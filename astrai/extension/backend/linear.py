@@ -161,14 +161,22 @@ class QuantLinear(nn.Module):
         out_shape = (*x.shape[:-1], self.out_features)
         if x2.shape[0] == 0:
             return x.new_empty(out_shape)
-        buffers = self._buffers  # not Module.__getattr__: this runs once a linear a token
-        weight, scale, bias = buffers["weight"], buffers["weight_scale"], buffers["bias"]
+        buffers = self._buffers  # not Module.__getattr__ (this runs once a linear a token), unless one was replaced
+        try:
+            weight, scale, bias = buffers["weight"], buffers["weight_scale"], buffers["bias"]
+        except KeyError:  # e.g. a Parameter assigned in place of a buffer
+            weight, scale, bias = self.weight, self.weight_scale, self.bias
         plain = (x2.is_cuda and not torch.compiler.is_compiling() and x2.is_contiguous()
                  and x2.data_ptr() % ALIGN == 0)
         if plain and self._fast_key is not None and self._fast_key == self._key(x2, weight, scale, bias):
             a, a_scale = self._quantize_input_kernel(x2)
             y = _gemm_ops.quant_gemm(a, weight, a_scale=a_scale, b_scale=scale, bias=bias, out_dtype=x.dtype)
             return y.view(out_shape)
+        if weight.dtype != _QUANT_DTYPE[self.mode]:
+            raise TypeError(f"{type(self).__name__}: weight is {weight.dtype}, not {_QUANT_DTYPE[self.mode]} (mode "
+                            f"{self.mode!r}): it was replaced after quantization (re-tying an embedding with "
+                            "transformers' tie_weights() does this; quantize_linear_(..., skip=['lm_head']) keeps a "
+                            "tied head as it was)")
         a, a_scale = self._quantize_input(x2)
         y = quant_gemm(a, weight, a_scale=a_scale, b_scale=scale, bias=bias, out_dtype=x.dtype)
         if plain:
@@ -247,6 +255,27 @@ def unsupported_reason(module: nn.Module, mode: str, *, empty: bool = False) -> 
     return None
 
 
+def _warn_tied(model: nn.Module, layers: dict, places: dict) -> None:
+    """Warn about each layer whose weight another module also holds (a tied embedding and lm_head): the quantized copy
+    adds its bytes beside the shared weight, and re-tying (transformers' `tie_weights()`) would put that weight back
+    into the quantized module."""
+    by_weight = {id(layer.weight): key for key, layer in layers.items()}
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        if id(module) in layers:
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in by_weight:
+                holders.setdefault(by_weight[id(p)], []).append(f"{name}.{pname}" if name else pname)
+    for key, others in holders.items():
+        layer = layers[key]
+        mib = layer.weight.numel() / 2**20  # int8 / e4m3: a byte a weight
+        _logger.warning("%s: %s's weight is also %s (tied): its quantized copy adds %.1f MiB beside the shared %s "
+                        "weight, and re-tying (transformers' tie_weights()) would put that weight back into the "
+                        "quantized module, which then refuses to run; pass skip=[%r] to leave it tied",
+                        FN, places[key][0], ", ".join(others), mib, layer.weight.dtype, places[key][0])
+
+
 def _skipper(skip):
     if skip is None:
         return lambda name, module: False
@@ -313,6 +342,7 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = Fa
     if problems:
         raise ValueError(f"{FN}: {len(problems)} layer(s) cannot become mode {mode!r}; nothing was converted (pass "
                          "skip=... to leave them as they are):\n" + "\n".join(problems))
+    _warn_tied(model, layers, places)
     # Every layer quantized before any is swapped: a failure here leaves the model as it was.
     converted = {key: MODULES[mode].from_linear(layer, empty=empty) for key, layer in layers.items()}
     for key, names in places.items():
