@@ -26,21 +26,32 @@ def registered() -> list[bool]:
     return [torch._C._dispatch_has_kernel_for_dispatch_key("aten::linear", k) for k in ("AutogradCUDA", "CUDA")]
 
 
-@pytest.mark.parametrize("recipe", [ae.DelayedScaling(), ae.DynamicScaling(), ae.DynamicScaling("row")],
-                         ids=["delayed", "dynamic-tensor", "dynamic-row"])
-def test_fp8_autocast_training_step_matches_bf16(recipe):
+def _mlp_and_input():
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(
         DEVICE, torch.bfloat16)
-    x = torch.randn(4, 64, 256, device=DEVICE, dtype=torch.bfloat16)
-    model(x).float().pow(2).mean().backward()
-    want = [p.grad.clone() for p in model.parameters()]
-    want_out = model(x)
+    return model, torch.randn(4, 64, 256, device=DEVICE, dtype=torch.bfloat16)
+
+
+def _fp8_steps(model, x, recipe, steps: int) -> torch.Tensor:
+    """`steps` training steps under one fp8_autocast context (its delayed-scaling history carries over); the last
+    step's output, the gradients left in the parameters."""
     ctx = ae.fp8_autocast(recipe=recipe)
-    for _ in range(3):
+    for _ in range(steps):
         model.zero_grad()
         with ctx:
             out = model(x)
         out.float().pow(2).mean().backward()
+    return out
+
+
+@pytest.mark.parametrize("recipe", [ae.DelayedScaling(), ae.DynamicScaling(), ae.DynamicScaling("row")],
+                         ids=["delayed", "dynamic-tensor", "dynamic-row"])
+def test_fp8_autocast_training_step_matches_bf16(recipe):
+    model, x = _mlp_and_input()
+    model(x).float().pow(2).mean().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    want_out = model(x)
+    out = _fp8_steps(model, x, recipe, 3)
     rel = ((out.float() - want_out.float()).norm() / want_out.float().norm()).item()
     assert rel < 0.08, f"forward: relative error {rel}"
     for i, (p, w) in enumerate(zip(model.parameters(), want)):
@@ -123,15 +134,8 @@ def test_every_fp8_gemm_runs_on_quant_gemm_and_matches_scaled_mm(recipe, monkeyp
 
     def step():
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(
-            DEVICE, torch.bfloat16)
-        x = torch.randn(4, 64, 256, device=DEVICE, dtype=torch.bfloat16)
-        ctx = ae.fp8_autocast(recipe=recipe)
-        for _ in range(2):
-            model.zero_grad()
-            with ctx:
-                out = model(x)
-            out.float().pow(2).mean().backward()
+        model, x = _mlp_and_input()
+        out = _fp8_steps(model, x, recipe, 2)
         return [out.detach()] + [p.grad.clone() for p in model.parameters()]
 
     calls = []
