@@ -154,7 +154,7 @@ def rotary_embedding(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     cos, sin, positions = _freqs(q, cos, sin, positions)
     _check(OP, cos, positions, check_positions)
     out = torch.ops.astrai.rotary_embedding(q3, cos, sin, positions, interleaved)
-    return out.unflatten(0, q.shape[:2]) if q.dim() == 4 else out
+    return out.view(q.shape) if q.dim() == 4 else out  # the op's output is contiguous [B*S, H, D]
 
 
 def rotary_embedding_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -177,7 +177,7 @@ def rotary_embedding_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
     _check(OP_QK, cos, positions, check_positions)
     q_out, k_out = torch.ops.astrai.rotary_embedding_qk(q3, k3, cos, sin, positions, interleaved)
     if q.dim() == 4:
-        return q_out.unflatten(0, q.shape[:2]), k_out.unflatten(0, k.shape[:2])
+        return q_out.view(q.shape), k_out.view(k.shape)  # contiguous [B*S, H, D] each
     return q_out, k_out
 
 
