@@ -65,6 +65,14 @@ def prompts(batch: int = 4, longest: int = 200):
     return ids.masked_fill(mask == 0, 0).to(DEVICE), mask.to(DEVICE)
 
 
+def astrai_llama():
+    """The Llama-shaped model with attn_implementation="astrai", and the prompts: (model, ids, mask)."""
+    astrai_hf.register()
+    model = build("llama3-8b")
+    model.set_attn_implementation("astrai")
+    return (model, *prompts())
+
+
 def masked_rel_error(got, want, mask) -> float:
     """Relative error of `got` against `want` over the positions `mask` keeps (padding left out)."""
     keep = mask.bool()
@@ -144,10 +152,7 @@ def test_greedy_generation_matches_sdpa(name, rotary):
 @pytest.mark.requires_cuda_kernels("quantize")
 @pytest.mark.parametrize("mode", ["w8a16", "fp8"])
 def test_quantized_linears_keep_the_logits(mode):
-    astrai_hf.register()
-    model = build("llama3-8b")
-    model.set_attn_implementation("astrai")
-    ids, mask = prompts()
+    model, ids, mask = astrai_llama()
     with torch.inference_mode():
         want = model(input_ids=ids, attention_mask=mask).logits
         ae.quantize_linear_(model, mode, skip=["lm_head"])
@@ -172,10 +177,7 @@ def test_torch_compile_fullgraph_runs_our_kernels(monkeypatch):
         return backend
 
     monkeypatch.setattr(attention_backend, "select_backend", recording)
-    astrai_hf.register()
-    model = build("llama3-8b")
-    model.set_attn_implementation("astrai")
-    ids, mask = prompts()
+    model, ids, mask = astrai_llama()
     with torch.inference_mode():
         want = model(input_ids=ids, attention_mask=mask).logits
         chosen.clear()
