@@ -293,6 +293,25 @@ def test_traced_plan_is_a_constant_under_torch_compile(monkeypatch):
     assert divmod(int(want[0].item()) - 1, gp._PLAN_CODE) == gp.probe(1, 4096, 4096, facts=H200).plan
 
 
+def test_dynamic_sizes_under_torch_compile_plan_when_the_graph_runs(monkeypatch):
+    """A size Dynamo made dynamic cannot feed the trace-time plan: quant_gemm goes through
+    `astrai::quant_gemm_planned`, which asks the chain on each run's real tensors (op and chain stubbed here)."""
+    from astrai.extension.ops import gemm as og
+    seen = []
+    monkeypatch.setattr(og, "load", lambda: True)
+    monkeypatch.setattr(gp, "plan_call", lambda a, b, *rest: seen.append(tuple(a.shape)) or (4, 2))
+
+    def op(a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k):  # the plan, visible in the result
+        return (a.float() @ b.float().t() + recipe * 10 + split_k).to(out_dtype)
+
+    monkeypatch.setattr(torch.ops.astrai, "quant_gemm", op, raising=False)
+    f = torch.compile(lambda a, b: og.quant_gemm(a, b), backend="eager", dynamic=True, fullgraph=True)
+    for m in (3, 5):
+        y = f(torch.ones(m, 8, dtype=BF16), torch.ones(16, 8, dtype=BF16))
+        assert torch.equal(y, torch.full((m, 16), 8.0 + 42, dtype=BF16))
+    assert seen == [(3, 8), (5, 8)]
+
+
 # ---- the environment seed ------------------------------------------------------------------------------
 
 def reseed(monkeypatch, **env):

@@ -907,7 +907,7 @@ def test_public_prefill_uses_the_kernels_with_masks_and_lengths():
 
 
 @pytest.mark.parametrize("what,make,reason", [
-    ("fp16", lambda q, k: (q.half(), k.half()), "take bfloat16"),
+    ("fp16", lambda q, k: (q.half(), k.half()), "q must be bfloat16, got float16"),
     ("head_dim", lambda q, k: (q[..., :96].contiguous(), k[..., :96].contiguous()),
      "head_dim must be 64, 128 or 256, got 96"),
     ("layout", lambda q, k: (rand_bf16(2, 7, 8, 129)[..., 1:], k), "16-byte aligned"),

@@ -400,6 +400,21 @@ def test_torch_compile_fullgraph_matches_eager(pair):
     assert_bitwise_equal(torch.compile(f, fullgraph=True)(a, b), f(a, b), "compiled vs eager")
 
 
+def test_torch_compile_dynamic_sizes_plan_per_call():
+    """dynamic=True: M, N and K are symbolic, so the plan is chosen when the compiled code runs (per call, by the
+    chain): M = 1, 300 and 2049 take different recipes and each equals eager bitwise; `out=` too."""
+    b = operand(torch.bfloat16, (520, 1024))
+    compiled = torch.compile(lambda x, w: ops.quant_gemm(x, w), dynamic=True, fullgraph=True)
+    compiled_out = torch.compile(lambda x, w, y: ops.quant_gemm(x, w, out=y), dynamic=True, fullgraph=True)
+    for m in (1, 300, 2049):
+        a = operand(torch.bfloat16, (m, 1024))
+        want = ops.quant_gemm(a, b)
+        assert_bitwise_equal(compiled(a, b), want, f"compiled (dynamic) vs eager, M = {m}")
+        y = torch.full_like(want, float("nan"))
+        compiled_out(a, b, y)
+        assert_bitwise_equal(y, want, f"compiled out= (dynamic) vs eager, M = {m}")
+
+
 def test_sm90_recipes_refused():
     """Recipes 4 and 5 raise before launch, naming the op and the reason: off an sm_90 GPU or without sm_90a code
     (the PTX images), for w8a16, in a layout other than nt."""

@@ -135,8 +135,9 @@ def test_every_fp8_gemm_runs_on_quant_gemm_and_matches_scaled_mm(recipe, monkeyp
     def step():
         torch.manual_seed(0)
         model, x = _mlp_and_input()
+        x.requires_grad_(True)  # else autograd skips the first layer's dgrad
         out = _fp8_steps(model, x, recipe, 2)
-        return [out.detach()] + [p.grad.clone() for p in model.parameters()]
+        return [out.detach(), x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
 
     calls = []
     real = backend._gemm.quant_gemm
