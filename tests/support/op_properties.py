@@ -32,6 +32,9 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
     "quant_gemm": (False, "the built-in plan's K split follows M (the wave it fills); batch_invariant=True takes "
                           "a split from (N, K) only, and every recipe sums K in one order (tests/gpu/gemm checks it)"),
     "quant_gemm_out": (False, "as quant_gemm"),
+    "quant_gemm_planned": (False, "quant_gemm with the chain's plan chosen at run time (torch.compile with dynamic "
+                                  "sizes): as quant_gemm, batch_invariant=True included"),
+    "quant_gemm_planned_out": (False, "as quant_gemm_planned"),
     "quant_gemm_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "quant_gemm_set_pdl": (True, "takes no tensors: sets a launch switch that changes no bits"),
     "attn_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),

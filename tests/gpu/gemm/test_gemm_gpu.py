@@ -413,6 +413,10 @@ def test_torch_compile_dynamic_sizes_plan_per_call():
         y = torch.full_like(want, float("nan"))
         compiled_out(a, b, y)
         assert_bitwise_equal(y, want, f"compiled out= (dynamic) vs eager, M = {m}")
+    a = operand(torch.bfloat16, (33, 1024))
+    torch.library.opcheck(torch.ops.astrai.quant_gemm_planned.default, (a, b, None, None, None, torch.bfloat16, 0, False))
+    torch.library.opcheck(torch.ops.astrai.quant_gemm_planned_out.default,
+                          (a, b, None, None, None, 0, False, torch.empty(33, 520, device=DEVICE, dtype=torch.bfloat16)))
 
 
 def test_sm90_recipes_refused():
