@@ -280,36 +280,24 @@ def test_plan_for_and_plan_call_off_a_gpu():
     assert gp.plan_call(a, b, None, None, None, BF16, 0, None, False) == (0, 1)
 
 
-def test_traced_plan_is_a_constant_under_torch_compile(monkeypatch):
-    """Dynamo cannot enter the chain's lock: quant_gemm's plan is computed once at trace time (assume_constant_result)."""
-    monkeypatch.setattr(gp, "facts", lambda device=None: H200)
-
-    def f(x):
-        code = gp._traced_plan("w16a16", "nt", None, 1, 4096, 4096, False, 0)
-        return x + code
-
-    want = f(torch.ones(2))
-    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2)), want)
-    assert divmod(int(want[0].item()) - 1, gp._PLAN_CODE) == gp.probe(1, 4096, 4096, facts=H200).plan
-
-
-def test_dynamic_sizes_under_torch_compile_plan_when_the_graph_runs(monkeypatch):
-    """A size Dynamo made dynamic cannot feed the trace-time plan: quant_gemm goes through
-    `astrai::quant_gemm_planned`, which asks the chain on each run's real tensors (op and chain stubbed here)."""
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiled_quant_gemm_plans_when_the_graph_runs(monkeypatch, dynamic):
+    """Traced quant_gemm calls `astrai::quant_gemm_planned`, which asks the chain (never tuning) on each run's real
+    tensors: static and symbolic sizes alike (op and chain stubbed here)."""
     from astrai.extension.ops import gemm as og
     seen = []
     monkeypatch.setattr(og, "load", lambda: True)
-    monkeypatch.setattr(gp, "plan_call", lambda a, b, *rest: seen.append(tuple(a.shape)) or (4, 2))
+    monkeypatch.setattr(gp, "plan_call", lambda a, b, *rest, tune=True: seen.append((tuple(a.shape), tune)) or (4, 2))
 
     def op(a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k):  # the plan, visible in the result
         return (a.float() @ b.float().t() + recipe * 10 + split_k).to(out_dtype)
 
     monkeypatch.setattr(torch.ops.astrai, "quant_gemm", op, raising=False)
-    f = torch.compile(lambda a, b: og.quant_gemm(a, b), backend="eager", dynamic=True, fullgraph=True)
-    for m in (3, 5):
+    f = torch.compile(lambda a, b: og.quant_gemm(a, b), backend="eager", dynamic=dynamic, fullgraph=True)
+    for m in (3, 5, 7):
         y = f(torch.ones(m, 8, dtype=BF16), torch.ones(16, 8, dtype=BF16))
         assert torch.equal(y, torch.full((m, 16), 8.0 + 42, dtype=BF16))
-    assert seen == [(3, 8), (5, 8)]
+    assert seen == [((3, 8), False), ((5, 8), False), ((7, 8), False)]
 
 
 # ---- the environment seed ------------------------------------------------------------------------------

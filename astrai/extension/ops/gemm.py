@@ -704,7 +704,7 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     """
     load()
     code = layout_code(OP, layout)
-    if plan is None and torch.compiler.is_compiling() and _symbolic(a, b):
+    if plan is None and torch.compiler.is_compiling():
         if out is None:
             return torch.ops.astrai.quant_gemm_planned(a, b, a_scale, b_scale, bias, out_dtype, code, batch_invariant)
         torch.ops.astrai.quant_gemm_planned_out(a, b, a_scale, b_scale, bias, code, batch_invariant, out)
@@ -719,20 +719,17 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     return out
 
 
-# torch.compile with a size Dynamo made dynamic (after a second shape, or dynamic=True): the chain's plan depends on
-# the sizes, so it cannot be a trace-time constant (`gemm_plan._traced_plan`); these ops decide it when the compiled
-# code runs, on the real tensors, then launch the op above (same plan as eager: same bits).
-def _symbolic(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return any(isinstance(size, torch.SymInt) for size in (*a.shape, *b.shape))
-
-
+# Traced code (torch.compile) plans when the compiled code runs, not when it is traced: the plan depends on the
+# sizes, which may be symbolic (Dynamo makes a size dynamic at its second value, or with dynamic=True). These ops ask
+# the chain on the real tensors, then launch the op above: the eager call's plan, so its bits. They never tune.
 _PLANNED_ARGS = "Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? bias"
 
 
 @torch.library.custom_op("astrai::quant_gemm_planned", mutates_args=(),
                          schema=f"({_PLANNED_ARGS}, ScalarType out_dtype, int layout, bool batch_invariant) -> Tensor")
 def _quant_gemm_planned(a, b, a_scale, b_scale, bias, out_dtype, layout, batch_invariant):
-    recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out_dtype, layout, None, batch_invariant)
+    recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out_dtype, layout, None, batch_invariant,
+                                          tune=False)
     return torch.ops.astrai.quant_gemm(a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k)
 
 
@@ -744,7 +741,8 @@ def _fake_quant_gemm_planned(a, b, a_scale, b_scale, bias, out_dtype, layout, ba
 @torch.library.custom_op("astrai::quant_gemm_planned_out", mutates_args=("out",),
                          schema=f"({_PLANNED_ARGS}, int layout, bool batch_invariant, Tensor(a!) out) -> ()")
 def _quant_gemm_planned_out(a, b, a_scale, b_scale, bias, layout, batch_invariant, out):
-    recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out.dtype, layout, out, batch_invariant)
+    recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out.dtype, layout, out, batch_invariant,
+                                          tune=False)
     torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, layout, recipe, split_k, out)
 
 

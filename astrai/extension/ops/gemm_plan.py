@@ -1101,43 +1101,28 @@ def _wants_tuning(call: Call, device: Facts) -> bool:
     return t.calls[key] >= t.trigger
 
 
-_PLAN_CODE = 1000  # a plan as one int (recipe * _PLAN_CODE + split) for torch.compile's constant results
-
-
-@torch.compiler.assume_constant_result
-def _traced_plan(pair: str, layout: str, batch, m: int, n: int, k: int, batch_invariant: bool, index: int) -> int:
-    """The chain's plan as a constant of a torch.compile trace (Dynamo cannot trace the state's lock); no tuning
-    at trace time: the tensors are fake."""
-    plan = decide(Call(pair, layout, batch, m, n, k, batch_invariant), facts(index)).plan
-    return plan[0] * _PLAN_CODE + plan[1]
-
-
 def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtype: torch.dtype, layout: int,
-              out: torch.Tensor | None, batch_invariant: bool) -> tuple[int, int]:
+              out: torch.Tensor | None, batch_invariant: bool, tune: bool = True) -> tuple[int, int]:
     """The plan `ops.gemm.quant_gemm` launches for a call with plan=None: the chain's decision, tuned first where
-    autotuning is on and the call is eager (not captured into a CUDA graph, not traced by torch.compile)."""
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
-        key = (a.dtype, b.dtype, layout, a.shape, b.shape, batch_invariant, a.device)
-        plan = _final_plans.get(key)
-        if plan is not None:
-            return plan
+    autotuning is on, `tune` is True and the call is not captured into a CUDA graph. Eager only: compiled code
+    calls it when it runs, with tune=False (`ops.gemm.quant_gemm_planned`)."""
+    key = (a.dtype, b.dtype, layout, a.shape, b.shape, batch_invariant, a.device)
+    plan = _final_plans.get(key)
+    if plan is not None:
+        return plan
     gemm = _gemm()
     pair = gemm.pair_of(a.dtype, b.dtype)
     if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
         return 0, 1  # the op raises its own error
     shape = gemm.problem(layout, a.shape, b.shape)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    if compiling:
-        return divmod(_traced_plan(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a,
-                                   bool(batch_invariant), index), _PLAN_CODE)
     call = Call(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant))
     device = facts(index)
     decision = decide(call, device)
     if not _state.tuning.enabled or decision.planner not in ("model", "degraded"):
         _final_plans[key] = decision.plan  # nothing can change it but a setter
         return decision.plan
-    if torch.cuda.is_current_stream_capturing():
+    if not tune or torch.cuda.is_current_stream_capturing():
         return decision.plan  # tuning synchronizes: never while a graph is captured
     with _lock:
         wanted = _wants_tuning(call, device)
