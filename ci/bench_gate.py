@@ -16,7 +16,8 @@ noise = max(run spread, baseline spread), spread being (max - min) / median of t
     no-baseline   the case's family (the case name up to the first '.') has no baseline file at all: nothing
                   was gated, which must not read as green
 A case whose anchor differs from its baseline's (e.g. flash SDPA where cuDNN refused the shape) is
-inconclusive: the two ratios do not measure the same thing.
+inconclusive: the two ratios do not measure the same thing. A row that is not a plain pass notes which side moved
+when both records carry absolute times (kernel_us, anchor_us): a FAIL with our time unchanged is a faster anchor.
 Exit status 1 on any FAIL, on a missing case (unless --allow-missing), on a run with no case at all, and on
 inconclusive cases with --strict; else 3 when some family has no baseline (unless --allow-no-baseline);
 else 0. --update-baseline writes this run's cases into the baseline directory (one file per family, or only
@@ -169,7 +170,23 @@ def judge(case: str, run: dict | None, base: dict | None, threshold: float, fami
         row["verdict"] = "pass (improved)"
     else:
         row["verdict"] = "pass"
+    if row["verdict"] != "pass" and not row.get("note"):
+        moved = sides_moved(run, base)
+        if moved:
+            row["note"] = moved
     return row
+
+
+def sides_moved(run: dict, base: dict) -> str | None:
+    """Which side of a changed ratio moved, from the absolute times both records carry: "ours 7.77 us (-0.5%),
+    anchor 13.48 us (-8.0%)" (a faster anchor lowers the ratio with our kernel unchanged). None without the times."""
+    parts = []
+    for key, name in (("kernel_us", "ours"), ("anchor_us", "anchor")):
+        now, then = run.get(key), base.get(key)
+        if not now or not then:
+            return None
+        parts.append(f"{name} {now:.2f} us ({100 * (now / then - 1):+.1f}%)")
+    return ", ".join(parts)
 
 
 def gate(run: dict, baseline: dict[str, dict], threshold: float) -> list[dict]:

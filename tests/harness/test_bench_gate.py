@@ -66,6 +66,21 @@ def test_regression_beyond_threshold_fails(tmp_path, baseline_dir):
     assert data["rows"][0]["case"] == "fam.a"  # worst first
 
 
+def test_a_changed_ratio_says_which_side_moved(tmp_path, baseline_dir):
+    """The fixture's times: ours 2.0 us, the anchor 2.0 x ratio; the baseline's ours 2.0 us, anchor 20 us. A ratio
+    fallen 8% with our time unchanged reads as the anchor 8% faster; a pass carries no note; no times, no note."""
+    base = json.loads((baseline_dir / "fam.json").read_text())
+    base["cases"]["fam.a"].update(kernel_us=2.0, anchor_us=20.0)
+    base["cases"]["fam.b"].update(kernel_us=2.0, anchor_us=20.0)
+    (baseline_dir / "fam.json").write_text(json.dumps(base))
+    _, verdicts, data = gate(tmp_path, baseline_dir, {"fam.a": (9.2, 0.01), "fam.b": (10.0, 0.01),
+                                                      "fam.loose": (7.0, 0.01)}, "--allow-missing")
+    notes = {r["case"]: r.get("note") for r in data["rows"]}
+    assert verdicts["fam.a"] == "FAIL" and notes["fam.a"] == "ours 2.00 us (+0.0%), anchor 18.40 us (-8.0%)"
+    assert verdicts["fam.b"] == "pass" and notes["fam.b"] is None
+    assert verdicts["fam.loose"] == "FAIL" and notes["fam.loose"] is None  # its baseline has no times
+
+
 def test_per_case_threshold_override(tmp_path, baseline_dir):
     rc, verdicts, _ = gate(tmp_path, baseline_dir, {"fam.loose": (8.5, 0.01)}, "--allow-missing")
     assert rc == 0 and verdicts["fam.loose"] == "pass"
