@@ -11,7 +11,8 @@ Per setup and batch (1, 8, 64): prefill tokens/s (one forward over `PROMPT` toke
 decode tokens/s, each two ways: eager (what `model(...)` costs as written, host included) and graphed (a StaticCache
 decode step captured in a CUDA graph and replayed: the GPU's time; skipped with the error where capture fails).
 Then one graphed decode step per setup at batch 1 and 64 under torch.profiler, its CUDA time split into attention,
-GEMM and the rest by kernel name (the unclassified names printed); last, one training step (forward and backward)
+GEMM and the rest by kernel name (the unclassified names printed); at batch 1 also one eager prefill's CUDA time by
+part and the eager decode step's host time by Python function (cProfile); last, one training step (forward and backward)
 of two such layers in bf16 against fp8_autocast's recipes. Writes `$OUT/models.json` when OUT is set.
 
     PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick]     # from the repository root, on a GPU
@@ -141,6 +142,26 @@ def decode_graph(model, batch: int):
     return batch / seconds, graph.replay
 
 
+def kernel_parts(prof, runs: int) -> dict:
+    """CUDA microseconds a run by part (attention / GEMM / rest, by kernel name) from a torch.profiler trace of `runs`
+    runs, with the largest unclassified and GEMM kernels."""
+    parts = {"attention": 0.0, "gemm": 0.0, "rest": 0.0}
+    named = {"rest": {}, "gemm": {}}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if not us:
+            continue
+        name = event.key.lower()
+        part = ("attention" if any(f in name for f in ATTENTION_KERNELS) else
+                "gemm" if any(f in name for f in GEMM_KERNELS) else "rest")
+        parts[part] += us / runs
+        if part in named:
+            named[part][event.key[:80]] = named[part].get(event.key[:80], 0.0) + us / runs
+    parts["rest_top"] = sorted(named["rest"].items(), key=lambda kv: -kv[1])[:6]
+    parts["gemm_top"] = sorted(named["gemm"].items(), key=lambda kv: -kv[1])[:6]
+    return parts
+
+
 def breakdown(replay) -> dict:
     """CUDA microseconds of one replayed decode step by part, and the unclassified kernel names."""
     from torch.profiler import ProfilerActivity, profile
@@ -150,20 +171,47 @@ def breakdown(replay) -> dict:
         for _ in range(5):
             replay()
         torch.cuda.synchronize()
-    parts = {"attention": 0.0, "gemm": 0.0, "rest": 0.0}
-    other = {}
-    for event in prof.key_averages():
-        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
-        if not us:
-            continue
-        name = event.key.lower()
-        part = ("attention" if any(f in name for f in ATTENTION_KERNELS) else
-                "gemm" if any(f in name for f in GEMM_KERNELS) else "rest")
-        parts[part] += us / 5
-        if part == "rest":
-            other[event.key[:80]] = other.get(event.key[:80], 0.0) + us / 5
-    parts["rest_top"] = sorted(other.items(), key=lambda kv: -kv[1])[:6]
-    return parts
+    return kernel_parts(prof, 5)
+
+
+def prefill_breakdown(model, batch: int = 1) -> dict:
+    """CUDA microseconds of one eager prefill forward (PROMPT tokens a sequence) by part: where a slow prefill's GPU
+    time goes (its host time is the rest of `prefill_eager`'s)."""
+    from torch.profiler import ProfilerActivity, profile
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model(input_ids=ids, use_cache=True)
+            torch.cuda.synchronize()
+    return kernel_parts(prof, 1)
+
+
+def host_profile(model, batch: int = 1, steps: int = 8) -> list:
+    """The eager decode step's host time by Python function (cProfile, `steps` DynamicCache steps after a warm-up):
+    the 12 largest (function, own µs a step, calls a step)."""
+    import cProfile
+    import pstats
+
+    from transformers import DynamicCache
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = [(f"{Path(f).name}:{line}({fn})", own / steps * 1e6, calls / steps)
+            for (f, line, fn), (_, calls, own, _, _) in stats.items()]
+    return sorted(rows, key=lambda r: -r[1])[:12]
 
 
 def training_steps(layers: int = 2, batch: int = 4, seq: int = 1024) -> dict:
@@ -228,6 +276,12 @@ def main(argv: list[str]) -> int:
                 except Exception as exc:  # report and go on: one setup's failure must not hide the others
                     row[key] = None
                     row[key + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            if batch == 1:  # where the batch-1 eager time goes: the prefill's GPU parts, the decode step's host
+                for key, fn in (("prefill_breakdown", prefill_breakdown), ("host_top", host_profile)):
+                    try:
+                        row[key] = fn(model)
+                    except Exception as exc:
+                        row[key + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             try:
                 row["decode_graph"], replay = decode_graph(model, batch)
                 if batch in (1, 64):
@@ -256,6 +310,16 @@ def main(argv: list[str]) -> int:
     for (setup, batch), parts in breakdowns.items():
         print(f"{setup:6} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
               + "; ".join(f"{n} {us:.1f}" for n, us in parts["rest_top"][:3]))
+    print("\neager prefill at B = 1, CUDA microseconds: attention / GEMM / rest (top GEMM kernels)")
+    for r in record["rows"]:
+        parts = r.get("prefill_breakdown")
+        if parts:
+            print(f"{r['setup']:6} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
+                  + "; ".join(f"{n} {us:.1f}" for n, us in parts["gemm_top"][:3]))
+    print("\neager decode step at B = 1, host: the largest functions (own µs a step, calls a step)")
+    for r in record["rows"]:
+        if r.get("host_top"):
+            print(f"{r['setup']}: " + "; ".join(f"{n} {us:.0f} ({calls:g})" for n, us, calls in r["host_top"][:8]))
     record["training"] = training_steps()
     out = os.environ.get("OUT")
     if out:
