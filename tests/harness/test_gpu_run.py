@@ -105,6 +105,17 @@ def test_unknown_tier_is_refused(tmp_path):
     assert proc.returncode == 2 and "unknown tier" in proc.stdout
 
 
+def test_the_models_tier_is_explicit_and_fails_without_a_gpu(tmp_path):
+    """`models` (bench_models.py) is not a default tier; asked for on this CPU machine it runs and fails (no CUDA),
+    and the summary says no models.json came out, so the call fails rather than passing empty."""
+    proc = run_gpu_run(tmp_path, 1.0, "models")
+    assert proc.returncode == 1
+    assert summary(proc)["models"].startswith("FAIL("), proc.stdout[-2000:]
+    assert details(proc)["models"] == "no models.json"
+    default = (ROOT / "ci" / "gpu_run.sh").read_text().split("|| tiers=(", 1)[1].split(")", 1)[0].split()
+    assert "models" not in default
+
+
 def test_budget_skips_the_rest(tmp_path, monkeypatch):
     monkeypatch.setenv("BUDGET_S", "0")
     proc = run_gpu_run(tmp_path, 1.0, "bench-gate", "dashboard")
