@@ -1,0 +1,179 @@
+"""Probe (not gated): where one graphed batch-1 decode step of bench_models' Llama-3-8B-shaped model goes, kernel
+by kernel, and what the step's GEMM shapes and attention call could cost on their own.
+
+  1. timeline: one replay of the captured decode step (bench_models.decode_graph) per setup, every kernel in
+     launch order with its duration, grid and the idle gap before it (chrome trace of torch.profiler); printed for
+     the first layer and the last kernels, summed by name.
+  2. plans: every GEMM plan (recipe, split) the chain may pick, timed by `gemm_tune.sweep` on the step's M = 1
+     shapes (weights past the L2, as the sweep times them), against the chain's pick.
+  3. attention: our decode call as the transformers backend makes it (a static cache's K / V `[B, Hkv, L, D]`
+     transposed, a bool mask over the whole cache) at each KV split size, against sdpa on the same tensors.
+
+    PYTHONPATH=.:tests/bench python tests/bench/probe_decode_step.py [timeline] [plans] [attention]
+Writes `$OUT/decode_step.json` when OUT is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+import torch  # noqa: E402
+
+import bench_models as bm  # noqa: E402
+
+# The step's GEMMs at batch 1: q / o, k / v, gate / up, down, lm_head (N, K).
+STEP_NK = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+
+
+def timeline(replay) -> list[dict]:
+    """Kernels of one replay in start order: name, µs, grid, idle µs since the previous kernel ended."""
+    from torch.profiler import ProfilerActivity, profile
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "trace.json")
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    rows, end = [], None
+    for e in kernels:
+        rows.append({"name": e["name"][:100], "us": e["dur"], "grid": e.get("args", {}).get("grid"),
+                     "gap": (e["ts"] - end) if end is not None else 0.0})
+        end = e["ts"] + e["dur"]
+    return rows
+
+
+def print_timeline(setup: str, rows: list[dict]) -> None:
+    total, gaps = sum(r["us"] for r in rows), sum(r["gap"] for r in rows)
+    print(f"\n{setup}: {len(rows)} kernels, {total:.1f} us of kernels, {gaps:.1f} us idle between them")
+    per_layer = max(1, (len(rows) - 8) // bm.LAYERS)
+    for i, r in enumerate(rows):
+        if i < per_layer + 4 or i >= len(rows) - 8:
+            print(f"  {i:4d} {r['us']:8.2f} gap {r['gap']:6.2f} {str(r['grid']):>16} {r['name']}")
+        elif i == per_layer + 4:
+            print("  ...")
+    by_name: dict[str, list] = {}
+    for r in rows:
+        by_name.setdefault(r["name"][:70], []).append(r["us"])
+    print("  by name (us a step, calls):")
+    for name, us in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:14]:
+        print(f"    {sum(us):8.1f} {len(us):4d}  {name}")
+
+
+def timelines(setups=("hf", "w8a16", "fp8")) -> dict:
+    import transformers
+
+    import astrai.integrations.transformers as astrai_hf
+    astrai_hf.register()
+    torch.manual_seed(0)
+    with torch.device(bm.DEVICE):
+        base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**bm.LLAMA3_8B)).to(torch.bfloat16).eval()
+    out = {}
+    for setup in setups:
+        model = bm.build(setup, base)
+        tokens_s, replay = bm.decode_graph(model, 1)
+        rows = timeline(replay)
+        out[setup] = {"tokens_s": tokens_s, "kernels": rows}
+        print(f"\n{setup}: graphed decode {tokens_s:.0f} tokens/s ({1e6 / tokens_s:.1f} us a step)")
+        print_timeline(setup, rows)
+        del model, replay
+        torch.cuda.empty_cache()
+    return out
+
+
+def plans(pairs=("w8a16", "fp8", "w16a16")) -> dict:
+    from astrai.extension import gemm_tune
+    with tempfile.TemporaryDirectory() as tmp:
+        data = gemm_tune.sweep(tuple((1, n, k) for n, k in STEP_NK), list(pairs), Path(tmp, "sweep.json"),
+                               log=lambda *a, **k: None)
+    print("\nM = 1 plans (us, the better of two passes): the chain's pick against the best plan")
+    for rec in data["records"]:
+        times = {p: min(rec["first"].get(p, 1e9), rec["second"].get(p, 1e9)) for p in rec["first"]}
+        chain = f"{rec['chain'][0]},{rec['chain'][1]}"
+        best = min(times, key=times.get)
+        print(f"  {rec['pair']:7} N={rec['n']:6} K={rec['k']:5}  chain {chain:6} {times.get(chain, float('nan')):7.2f}"
+              f"  best {best:6} {times[best]:7.2f}  ({times.get(chain, float('nan')) / times[best]:.3f})")
+    return data
+
+
+def attention() -> dict:
+    import torch.nn.functional as F
+
+    import astrai.extension as ae
+    from astrai.extension.ops import attention as attn_ops
+    length, heads, kv_heads, d = bm.PROMPT + bm.DECODE_STEPS + 8, 32, 8, 128
+    q = torch.randn(1, heads, 1, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, kv_heads, length, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    mask = torch.zeros(1, 1, 1, length, device="cuda", dtype=torch.bool)
+    mask[..., : bm.PROMPT + 1] = True
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cases = {
+        "sdpa (transformers' call)": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+        "ours, public attention()": lambda: ae.attention(qt, kt, vt, attn_mask=mask[:, 0, 0]),
+    }
+    for split in (0, 32, 64, 128, 256, 1024):
+        cases[f"attn_decode kv_split_size={split}"] = (
+            lambda s=split: attn_ops.attn_decode(qt[:, 0], kt, vt, mask=mask[:, 0, 0], kv_split_size=s))
+    results = {}
+    print(f"\nattention decode, B = 1, {heads} / {kv_heads} heads, D = {d}, cache {length}, {bm.PROMPT + 1} valid:")
+    for name, fn in cases.items():
+        try:
+            us = _graph_us(fn)
+            results[name] = us
+            print(f"  {us:8.2f} us  {name}")
+        except Exception as exc:
+            results[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            print(f"  failed  {name}: {results[name]}")
+    return results
+
+
+def _graph_us(fn, calls: int = 50, replays: int = 20) -> float:
+    """µs a call: `calls` calls captured in one CUDA graph, replayed, L2 not flushed (a decode step's K / V are
+    this small)."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
+
+
+def main(argv: list[str]) -> int:
+    parts = argv or ["timeline", "plans", "attention"]
+    record = {"environment": bm.gpu_timing.environment()}
+    for part in parts:
+        try:
+            record[part] = {"timeline": timelines, "plans": plans, "attention": attention}[part]()
+        except Exception as exc:  # one part's failure must not hide the others
+            import traceback
+            traceback.print_exc(limit=4)
+            record[part + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "decode_step.json").write_text(json.dumps(record, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
