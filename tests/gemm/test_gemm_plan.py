@@ -223,8 +223,8 @@ def test_tail_split_geometry():
 def test_sm90_plan_scope():
     """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 4 / 5 / 6 at
     SM90_SMALL_M < M <= SM90_MIN_M (SM90_SMALL_MODEL), 6 (the weight stream) at the M of SM90_STREAM_BANDS (w8a16:
-    M <= 8 at N >= 7168), 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other layouts, M = 9-16, w8a16 at M <= 16
-    below that N) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16
+    M <= 8 at N >= 7168 or N * K >= 20e6), 7 / 8 / 9 for w8a16 at M > SMALL_M; elsewhere (other layouts, M = 9-16,
+    w8a16 at M <= 16 with smaller weights) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16
     recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
         stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8)}.get(pair, ())  # test_sm90_stream_plan
@@ -249,11 +249,13 @@ def test_sm90_plan_scope():
         assert ops.builtin_plan(m, 4096, 4096, "w8a16", 132, sm90=True, batch_invariant=True) == \
             ops.builtin_plan(m, 4096, 4096, "w8a16", 132, batch_invariant=True)
     assert ops.SM90_STREAM_BANDS == {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
-    # w8a16: recipe 6 only at M <= 8 with N >= 7168 (SM90_STREAM_W8A16_*); at N = 4096 above, the portable stream
-    for m, k, want in ((1, 4096, (6, 1)), (8, 16384, (6, 2)), (0, 2048, (6, 1))):
-        assert ops.builtin_plan(m, 14336, k, "w8a16", 132, sm90=True) == want
-    for m, n in ((9, 14336), (16, 24576), (1, 7167)):
-        assert ops.builtin_plan(m, n, 4096, "w8a16", 132, sm90=True) == ops.builtin_plan(m, n, 4096, "w8a16", 132)
+    # w8a16: recipe 6 only at M <= 8 with N >= 7168 or N * K >= 20e6 (SM90_STREAM_W8A16_*), split by the stream rule
+    # (224 blocks: one slice; 112: two; 64: two; 40: four); at N = K = 4096 above, the portable stream
+    for m, n, k, want in ((1, 14336, 4096, (6, 1)), (8, 14336, 16384, (6, 1)), (0, 14336, 2048, (6, 1)),
+                          (1, 7168, 16384, (6, 2)), (1, 4096, 14336, (6, 2)), (8, 2560, 10240, (6, 4))):
+        assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True) == want
+    for m, n, k in ((9, 14336, 4096), (16, 24576, 4096), (1, 4864, 4096), (8, 2112, 7168)):  # 19.9e6, 15.1e6
+        assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True) == ops.builtin_plan(m, n, k, "w8a16", 132)
     assert ops.builtin_plan(1, 14336, 4096, "w8a16", 132, sm90=True, batch_invariant=True)[0] == 2
     assert ops.builtin_plan(1, 14336, 4096, "w8a16", 132, sm90=True, layout="nn")[0] != ops.SM90_STREAM_RECIPE
     for pair in ("w16a16", "w8a8", "fp8"):
@@ -265,9 +267,12 @@ def test_sm90_plan_scope():
 
 
 # (M, N, K, pair) -> recipe 6's split on 132 SMs: the largest of 1, 2, 4 whose CTAs (ceil(N / 64) x blocks of 16
-# rows x split) fit one a SM and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
+# rows x split) number at most 1.75 x 132 = 231 and that keeps >= 8 K tiles (64 16-bit or 128 8-bit values) a slice.
 SM90_STREAM_TABLE = {
     (1, 4096, 4096, "w16a16"): 2,     # 64 blocks: 128 CTAs; 4 would be 256
+    (1, 5120, 5120, "w16a16"): 2,     # 80 blocks: 160 CTAs (timed 18.5 us against 22.1 for split 1, H200 holdout)
+    (6, 2560, 10240, "w8a8"): 4,      # 40 blocks: 160 CTAs (13.1 us against 15.4 for split 2, H200 holdout2)
+    (1, 7168, 16384, "fp8"): 2,       # 112 blocks: 224 CTAs
     (8, 4096, 4096, "w8a8"): 2,
     (1, 14336, 4096, "w16a16"): 1,    # 224 blocks
     (1, 2112, 7168, "fp8"): 4,        # 33 blocks: 132 CTAs; 56 K tiles

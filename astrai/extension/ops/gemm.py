@@ -152,12 +152,15 @@ SM90_SPLITS = (1, 2, 4, 8)
 # SM90_STREAM_BANDS (inclusive), where the H200 probe timed it ahead of the portable plan: 1.06-1.07x geomean for
 # w16a16, w8a8 and fp8 at M = 1 and 8, 1.41x for fp8 at M = 32 (M = 17-31 not timed); behind it for w8a16 at every M
 # and for the others at M = 16 (docs/benchmarks.md "GEMM, the Hopper weight stream"; rule chosen and scored on the
-# same sweep). Its split is the largest of SM90_STREAM_SPLITS whose
-# CTAs (64 weight rows a K slice, blocks of 16 token rows) fit SM90_STREAM_CTAS_PER_SM a SM and that keeps >=
-# SM90_STREAM_MIN_K_TILES K tiles (128 bytes of a weight row) a slice. One CTA a SM: a larger grid does not launch as
-# a programmatic dependent; timed alone the split a second CTA allows was faster (plan-chain sweeps, twenty-second
-# session), in the gated suite's chains of calls 13-17% slower at M = 1 (docs/benchmarks.md).
-SM90_STREAM_CTAS_PER_SM = 1
+# same sweep). Its split is the largest of SM90_STREAM_SPLITS whose CTAs (64 weight rows a K slice, blocks of 16
+# token rows) number at most SM90_STREAM_FILL x the SMs and that keeps >= SM90_STREAM_MIN_K_TILES K tiles (128 bytes of
+# a weight row) a slice. The fill is the plan-chain sweeps' (each call timed alone, weights out of L2: a model's
+# linear behind a norm or an activation), refitted in the twenty-seventh session on the recorded H200 sweeps: at M <= 8
+# 1.75 gave 1.9% geomean regret against 3.0% for the former one CTA a SM (1.5: 2.1%, 2.0: 2.3%). A grid past one CTA
+# a SM launches plainly, not as a programmatic dependent (the launcher), so in a chain of our own calls (the gated
+# suite's graphs) such a split gives up the overlap: 13-17% at M = 1 when it was timed (docs/benchmarks.md); the
+# gated suite's cells keep their splits under this rule.
+SM90_STREAM_FILL = 1.75
 # The small bands SM90_SMALL_M < M <= SM90_MID_MAX_M (every pair but w8a16, layout "nt"): the (recipe, split) of
 # least estimated time among recipes 4, 5 and 6, q * (stage_r * ceil(k_tiles / s) + unit_r) + fixed_r + split_cost *
 # M * N * s / 1e6, q = ceil(units * s / (num_sms * ctas_r)): units are recipe 4 / 5's tiles of 128 rows or recipe 6's
@@ -194,13 +197,16 @@ SM90_W8A16_MODEL = (0.916, 2.597, 6.22, 1.298, 4.335, 4.79, 0.688, 1.626, 6.096,
 SM90_W8A16_MIN_K_TILES = 2
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
 # w8a16 takes recipe 6 in layout "nt" at M <= SM90_STREAM_W8A16_MAX_M where N >= SM90_STREAM_W8A16_MIN_N (>= 112
-# blocks of 64 weight rows), split 2 from K >= SM90_STREAM_W8A16_SPLIT2_K, else 1: where the H200 timed it ahead of
-# the portable weight stream, 1.06-1.13x on the four such cells of the nine (N, K) at M = 1 and 8 (eight consumer
-# warps, three CTAs a SM; behind it at smaller N and at M = 16). Rule chosen and scored on the same sweep
-# (docs/results/2026-12-04_h200_reduce_stream_ab_7e33f66.txt, image B; docs/benchmarks.md).
+# blocks of 64 weight rows: 1.06-1.13x the portable weight stream on such cells, eighteenth session,
+# docs/results/2026-12-04_h200_reduce_stream_ab_7e33f66.txt) or N * K >= SM90_STREAM_W8A16_MIN_NK (20 MB of int8
+# weights and more: the plan-chain sweeps timed it 4-25% ahead of the portable stream there, e.g. N = 4096, K = 14336,
+# a Llama-3-8B down projection, 25.2 against 29.2 us, and behind it at 15-17 MB), split as the other pairs' (the fill
+# above). On the recorded H200 sweeps w8a16's geomean regret at M <= 8 went from 3.2% to 0.7% (twenty-seventh
+# session, docs/benchmarks.md); at M 9-16 the portable stream stays (the sweeps favour recipe 6 there too, the gated
+# suite's chains, where the portable stream prefetches the next call's weights, do not).
 SM90_STREAM_W8A16_MAX_M = 8
 SM90_STREAM_W8A16_MIN_N = 7168
-SM90_STREAM_W8A16_SPLIT2_K = 8192
+SM90_STREAM_W8A16_MIN_NK = 20_000_000
 SM90_STREAM_SPLITS = (1, 2, 4)
 SM90_STREAM_ROWS = 64
 SM90_STREAM_MIN_K_TILES = 8
@@ -328,7 +334,7 @@ def _sm90_stream_split(m: int, n: int, k: int, pair: str, num_sms: int) -> int:
     k_tiles = _k_tiles(k, pair)
     best = 1
     for split in SM90_STREAM_SPLITS:
-        if blocks * split <= SM90_STREAM_CTAS_PER_SM * num_sms and k_tiles >= split * SM90_STREAM_MIN_K_TILES:
+        if blocks * split <= SM90_STREAM_FILL * num_sms and k_tiles >= split * SM90_STREAM_MIN_K_TILES:
             best = split
     return best
 
@@ -383,8 +389,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
 
     `sm90=True` (the device runs recipes 4-9: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
-    `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` (split 1, or 2 from `K >= 8192`:
-    `SM90_STREAM_W8A16_*`); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
+    `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` or `N * K >= 20e6`
+    (`SM90_STREAM_W8A16_*`, split by the same rule); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
     of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them), except
     w16a16 and w8a8 at 28 <= M <= 48 with a wide weight (`SM90_WIDE_*`), which take recipe 1; with
     `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
@@ -407,8 +413,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
                                                                for lo, hi in SM90_STREAM_BANDS.get(pair, ())):
         return SM90_STREAM_RECIPE, _sm90_stream_split(m, n, k, pair, num_sms)
     if (sm90 and layout == "nt" and not batch_invariant and pair == "w8a16" and max(m, 1) <= SM90_STREAM_W8A16_MAX_M
-            and n >= SM90_STREAM_W8A16_MIN_N):
-        return SM90_STREAM_RECIPE, (2 if k >= SM90_STREAM_W8A16_SPLIT2_K else 1)
+            and (n >= SM90_STREAM_W8A16_MIN_N or n * k >= SM90_STREAM_W8A16_MIN_NK)):
+        return SM90_STREAM_RECIPE, _sm90_stream_split(m, n, k, pair, num_sms)
     if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
     if sm90 and layout == "nt" and pair == "w8a16":

@@ -69,9 +69,10 @@ SCREEN_FACTOR = 3.0
 TIE = 0.01
 
 # Splits the autotuner tries a recipe at (those the op accepts, each keeping >= one K tile a slice). At M <= 16 it
-# times recipe 6 (the weight stream) only where its grid fits one CTA a SM: only such a grid launches as a programmatic
-# dependent of the call before, an overlap that timing one launch at a time cannot see and that was worth 13-17% at
-# M = 1 in the gated suite's chains of calls (docs/benchmarks.md).
+# times recipe 6 (the weight stream) only where its grid is at most `ops.gemm.SM90_STREAM_FILL` CTAs a SM, the model's
+# own limit: past one CTA a SM the grid does not launch as a programmatic dependent of the call before, an overlap
+# that timing one launch at a time cannot see (13-17% at M = 1 in the gated suite's chains of our calls), but a model's
+# linears mostly follow other kernels, which is what a tune's timing sees (docs/benchmarks.md).
 TUNE_SPLITS = (1, 2, 4, 8, 16)
 TAIL_SPLIT = 0
 MAX_SPLIT_K = 64          # the op's limit (csrc/bindings/gemm.cpp)
@@ -978,8 +979,8 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
                 continue
             if split > 1 and tiles * (split // 2) >= 4 * device.num_sms:
                 continue  # the half split already ran four waves of CTAs: more slices only add partial sums
-            if info.id == 6 and rows <= gemm.SMALL_M and tiles * split > device.num_sms:
-                continue  # a grid over one CTA a SM: no programmatic dependent launch (TUNE_SPLITS)
+            if info.id == 6 and rows <= gemm.SMALL_M and tiles * split > gemm.SM90_STREAM_FILL * device.num_sms:
+                continue  # a grid past the model's fill (TUNE_SPLITS)
             if can_run(call, (info.id, split), device, tma=_state.tma, mx=_state.mx) is None:
                 out.append((info.id, split))
     return out
