@@ -137,8 +137,7 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
     const Tensor& pt = *a.page_table;
     num_pages = a.k.size(0);
     page_size = a.k.size(1);
-    check(page_size >= 1 && page_size <= 128 && log2_exact(page_size) >= 0, op,
-          "page_size (k_cache.size(1)) must be a power of two in [1, 128], got ", page_size);
+    if (!attn_page_size_supported(page_size)) fail(op, "page_size (k_cache.size(1)) ", attn_page_size_rule(page_size));
     binding::check_dtype(op, "page_table", pt, ScalarType::Int);
     binding::check_rank(op, "page_table", pt, 2, "[B, max_pages]");  // page_table: (B, max_pages)
     check(pt.size(0) == batch, op, "page_table.size(0) must equal the batch q.size(0) = ", batch, ", got ",
@@ -359,8 +358,7 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
     const Tensor& pt = *a.page_table;
     num_pages = a.k.size(0);
     page_size = a.k.size(1);
-    check(page_size >= 1 && page_size <= 128 && log2_exact(page_size) >= 0, op,
-          "page_size (k_cache.size(1)) must be a power of two in [1, 128], got ", page_size);
+    if (!attn_page_size_supported(page_size)) fail(op, "page_size (k_cache.size(1)) ", attn_page_size_rule(page_size));
     check(pt.size(1) <= 1 || pt.stride(1) == 1, op, "page_table must have stride 1 in its last dimension, got ",
           binding::strides_str(pt));
     check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_str(pt));
@@ -563,9 +561,8 @@ AppendParams make_append_params(const Tensor& k_cache, const Tensor& v_cache, co
   check(v_cache.sizes().equals(k_cache.sizes()), op, "v_cache must have the shape of k_cache ",
         binding::shape_str(k_cache), ", got ", binding::shape_str(v_cache));
   const int64_t n = k_new.size(0), hkv = k_cache.size(2), d = k_cache.size(3), page_size = k_cache.size(1);
-  check(page_size >= 1 && page_size <= 128 && log2_exact(page_size) >= 0, op,
-        "page_size (k_cache.size(1)) must be a power of two in [1, 128], got ", page_size);
-  check(d % 8 == 0 && d > 0, op, "head_dim (k_cache.size(3)) must be a positive multiple of 8, got ", d);
+  if (!attn_page_size_supported(page_size)) fail(op, "page_size (k_cache.size(1)) ", attn_page_size_rule(page_size));
+  check(attn_append_head_dim_supported(d), op, "head_dim (k_cache.size(3)) must be a positive multiple of 8, got ", d);
   check(k_new.size(1) == hkv && k_new.size(2) == d, op, "k_new must be [N, ", hkv, ", ", d,
         "] to match k_cache, got ", binding::shape_str(k_new));
   check(v_new.sizes().equals(k_new.sizes()), op, "v_new must have the shape of k_new ", binding::shape_str(k_new),
@@ -656,13 +653,7 @@ std::string attn_append_unsupported(ScalarType new_dtype, ScalarType cache_dtype
                                     int64_t page_size) {
   if (cache_dtype != kAttnDtype) return binding::dtype_rule("the cache", cache_dtype, kAttnDtype);
   if (new_dtype != kAttnDtype) return binding::dtype_rule("k_new / v_new", new_dtype, kAttnDtype);
-  if (head_dim <= 0 || head_dim % 8 != 0) {
-    return "head_dim must be a positive multiple of 8, got " + std::to_string(head_dim);
-  }
-  if (page_size < 1 || page_size > 128 || (page_size & (page_size - 1)) != 0) {
-    return "page_size must be a power of two in [1, 128], got " + std::to_string(page_size);
-  }
-  return std::string();
+  return attn_append_shapes_unsupported(head_dim, page_size);
 }
 
 bool decode_kind(const char* op, const std::string& kind, bool append_ok = false) {

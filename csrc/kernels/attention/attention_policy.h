@@ -49,6 +49,15 @@ struct PrefillLaunch {
   bool tma;              // kSm90: K/V tiles by TMA where TMA can describe K and V (else cp.async); same bits
 };
 
+// The paged kernels' page size: a power of two (a position's page and slot are a shift and a mask) of at most 128.
+inline constexpr int64_t kAttnMaxPageSize = 128;
+inline bool attn_page_size_supported(int64_t page_size) {
+  return page_size >= 1 && page_size <= kAttnMaxPageSize && (page_size & (page_size - 1)) == 0;
+}
+inline std::string attn_page_size_rule(int64_t page_size) {
+  return "must be a power of two in [1, " + std::to_string(kAttnMaxPageSize) + "], got " + std::to_string(page_size);
+}
+
 // Why the attention kernels cannot take these shapes (head_dim, head counts, page size; page_size 0: contiguous
 // K/V); empty when they can.
 inline std::string attn_shapes_unsupported(int64_t head_dim, int64_t num_q_heads, int64_t num_kv_heads,
@@ -60,9 +69,19 @@ inline std::string attn_shapes_unsupported(int64_t head_dim, int64_t num_q_heads
     return "q heads (" + std::to_string(num_q_heads) + ") must be a positive multiple of kv heads (" +
            std::to_string(num_kv_heads) + ")";
   }
-  if (page_size != 0 && (page_size < 1 || page_size > 128 || (page_size & (page_size - 1)) != 0)) {
-    return "page_size must be a power of two in [1, 128], got " + std::to_string(page_size);
+  if (page_size != 0 && !attn_page_size_supported(page_size)) return "page_size " + attn_page_size_rule(page_size);
+  return std::string();
+}
+
+// paged_kv_append copies rows in 16-byte pieces: any positive multiple of 8 bf16 values.
+inline bool attn_append_head_dim_supported(int64_t head_dim) { return head_dim > 0 && head_dim % 8 == 0; }
+
+// Why paged_kv_append cannot write K/V rows of this head_dim into pages of this size; empty when it can.
+inline std::string attn_append_shapes_unsupported(int64_t head_dim, int64_t page_size) {
+  if (!attn_append_head_dim_supported(head_dim)) {
+    return "head_dim must be a positive multiple of 8, got " + std::to_string(head_dim);
   }
+  if (!attn_page_size_supported(page_size)) return "page_size " + attn_page_size_rule(page_size);
   return std::string();
 }
 
