@@ -29,6 +29,9 @@
 #   also:    golden (regenerate tests/golden/ for this image and GPU: explicit only, never by default)
 #            models (tests/bench/bench_models.py: a Llama-3-8B-shaped model end to end against transformers + sdpa
 #            + cuBLAS, $OUT/models.json; not gated; 53 s on the H200 (2026-12-05): explicit only)
+#            decode-probe (tests/bench/probe_decode_step.py: that model's graphed batch-1 decode step kernel by kernel,
+#            the chain's plans against every plan on the step's M = 1 GEMM shapes, the attention call at each KV split;
+#            $OUT/decode_step.json; not gated; explicit only)
 #            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release;
 #            skips with the reason when the image's toolkit or arches differ from the recorded digest's)
 # Time: BUDGET_S (default 560) for the whole call; a tier that would start past it is skipped, and each tier
@@ -50,7 +53,8 @@ declare -A status seconds detail
 # room for a slower node. The PTX-image tiers run test-gpu's tests after JIT-compiling every kernel from PTX, so
 # they get more time than test-gpu. Measured tier times: docs/benchmarks.md, "GPU tiers".
 declare -A TIER_LIMIT=([info]=60 [cu-tests]=120 [sanitize]=240 [test-gpu]=180 [test-gpu-ptx80]=240
-  [test-gpu-ptx89]=240 [bench]=330 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=300 [models]=300)
+  [test-gpu-ptx89]=240 [bench]=330 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=300 [models]=300
+  [decode-probe]=200)
 for kv in ${TIER_LIMITS:-}; do TIER_LIMIT[${kv%%=*}]=${kv#*=}; done  # e.g. TIER_LIMITS="test-gpu=300 bench=200"
 START=$SECONDS
 
@@ -163,6 +167,10 @@ for tier in "${tiers[@]}"; do
       # step's parts, the batch-1 eager prefill's parts and decode host profile, an fp8 training step.
       run_tier models env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/bench_models.py
       detail[models]=$([ -f "$OUT/models.json" ] && echo "$OUT/models.json" || echo "no models.json") ;;
+    decode-probe)
+      # Where a batch-1 decode step's time goes (docs/benchmarks.md "Models end to end"), not gated.
+      run_tier decode-probe env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/probe_decode_step.py
+      detail[decode-probe]=$([ -f "$OUT/decode_step.json" ] && echo "$OUT/decode_step.json" || echo "no decode_step.json") ;;
     golden)
       # Explicit only: digests for the native image and each test-only PTX image present, written into the tree
       # (later tiers of this call compare against them) and copied to $OUT/golden to bring back and commit.

@@ -169,10 +169,11 @@ def main(argv: list[str]) -> int:
             import traceback
             traceback.print_exc(limit=4)
             record[part + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    failed = [key for key in record if key.endswith("_error")]
     out = os.environ.get("OUT")
-    if out:
+    if out and len(failed) < len(parts):  # nothing ran (no GPU): no JSON, so the tier reports it
         Path(out, "decode_step.json").write_text(json.dumps(record, indent=1, default=str))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -105,15 +105,17 @@ def test_unknown_tier_is_refused(tmp_path):
     assert proc.returncode == 2 and "unknown tier" in proc.stdout
 
 
-def test_the_models_tier_is_explicit_and_fails_without_a_gpu(tmp_path):
-    """`models` (bench_models.py) is not a default tier; asked for on this CPU machine it runs and fails (no CUDA),
-    and the summary says no models.json came out, so the call fails rather than passing empty."""
-    proc = run_gpu_run(tmp_path, 1.0, "models")
+@pytest.mark.parametrize("tier, made", [("models", "models.json"), ("decode-probe", "decode_step.json")])
+def test_the_model_tiers_are_explicit_and_fail_without_a_gpu(tmp_path, tier, made):
+    """`models` (bench_models.py) and `decode-probe` (probe_decode_step.py) are not default tiers; asked for on this CPU
+    machine each runs and fails (no CUDA), and the summary says its JSON did not come out, so the call fails rather
+    than passing empty."""
+    proc = run_gpu_run(tmp_path, 1.0, tier)
     assert proc.returncode == 1
-    assert summary(proc)["models"].startswith("FAIL("), proc.stdout[-2000:]
-    assert details(proc)["models"] == "no models.json"
+    assert summary(proc)[tier].startswith("FAIL("), proc.stdout[-2000:]
+    assert details(proc)[tier] == f"no {made}"
     default = (ROOT / "ci" / "gpu_run.sh").read_text().split("|| tiers=(", 1)[1].split(")", 1)[0].split()
-    assert "models" not in default
+    assert tier not in default
 
 
 def test_budget_skips_the_rest(tmp_path, monkeypatch):
