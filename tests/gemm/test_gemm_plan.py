@@ -256,6 +256,14 @@ def test_sm90_plan_scope():
         assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True) == want
     for m, n, k in ((9, 14336, 4096), (16, 24576, 4096), (1, 4864, 4096), (8, 2112, 7168)):  # 19.9e6, 15.1e6
         assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True) == ops.builtin_plan(m, n, k, "w8a16", 132)
+    # a tiny weight keeps the portable weight stream up to M = 96 (SM90_W8A16_TINY_*): split 16 from K = 2048, 8 from
+    # 512, else 4
+    for m, n, k, want in ((17, 768, 768, (2, 8)), (96, 1024, 1024, (2, 8)), (66, 257, 272, (2, 4)),
+                          (28, 33, 4096, (2, 16))):
+        assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True) == want
+    for m, n, k in ((97, 1024, 1024), (32, 1536, 1536), (32, 1100, 1024)):
+        assert ops.builtin_plan(m, n, k, "w8a16", 132, sm90=True)[0] in ops.SM90_W8A16_RECIPES
+    assert ops.builtin_plan(32, 1024, 1024, "w8a16", 132)[0] != 2  # off a Hopper GPU the portable mainloop's rule
     assert ops.builtin_plan(1, 14336, 4096, "w8a16", 132, sm90=True, batch_invariant=True)[0] == 2
     assert ops.builtin_plan(1, 14336, 4096, "w8a16", 132, sm90=True, layout="nn")[0] != ops.SM90_STREAM_RECIPE
     for pair in ("w16a16", "w8a8", "fp8"):

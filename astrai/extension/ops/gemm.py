@@ -195,6 +195,13 @@ SM90_MID_MODEL = {"w16a16": (0.319, 3.796, 7.178, 0.582, 10.437, 3.356, 0.243, 6
 # --grid train` and `--grid train_small`, M 17-8192, operands out of L2; docs/benchmarks.md).
 SM90_W8A16_MODEL = (0.916, 2.597, 6.22, 1.298, 4.335, 4.79, 0.688, 1.626, 6.096, 1.795)
 SM90_W8A16_MIN_K_TILES = 2
+# w8a16 at SMALL_M < M <= SM90_W8A16_TINY_MAX_M with a tiny weight (N * K <= SM90_W8A16_TINY_MAX_NK, e.g. 1024 x 1024)
+# keeps the portable weight stream (recipe 2; split by K, SM90_W8A16_TINY_SPLITS: (from K, split), first match): the
+# weights sit in L2 after the first block of 16 rows, and the recorded H200 sweeps timed it 6-22% ahead of recipes
+# 7-9 there (16 of the M > 16 shapes over 10% of the best; twenty-seventh session, offline, docs/benchmarks.md).
+SM90_W8A16_TINY_MAX_M = 96
+SM90_W8A16_TINY_MAX_NK = 1_100_000
+SM90_W8A16_TINY_SPLITS = ((2048, 16), (512, 8), (0, 4))
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
 # w8a16 takes recipe 6 in layout "nt" at M <= SM90_STREAM_W8A16_MAX_M where N >= SM90_STREAM_W8A16_MIN_N (>= 112
 # blocks of 64 weight rows: 1.06-1.13x the portable weight stream on such cells, eighteenth session,
@@ -394,7 +401,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them), except
     w16a16 and w8a8 at 28 <= M <= 48 with a wide weight (`SM90_WIDE_*`), which take recipe 1; with
     `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
-    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`).
+    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`), but
+    for a tiny weight up to M = 96 the weight stream (`SM90_W8A16_TINY_*`).
 
     Example
     -------
@@ -417,6 +425,9 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
         return SM90_STREAM_RECIPE, _sm90_stream_split(m, n, k, pair, num_sms)
     if pair == "w8a16" and layout == "nt" and (batch_invariant or m <= SMALL_M):
         return 2, _stream_split(SMALL_M if batch_invariant else m, n, k, num_sms)
+    if (sm90 and layout == "nt" and pair == "w8a16" and m <= SM90_W8A16_TINY_MAX_M
+            and n * k <= SM90_W8A16_TINY_MAX_NK):
+        return 2, next(split for min_k, split in SM90_W8A16_TINY_SPLITS if k >= min_k)
     if sm90 and layout == "nt" and pair == "w8a16":
         return _sm90_w8a16_plan(m, n, k, num_sms)
     if sm90 and layout == "nt" and pair != "w8a16":
