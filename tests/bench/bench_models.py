@@ -12,7 +12,8 @@ decode tokens/s, each two ways: eager (what `model(...)` costs as written, host 
 decode step captured in a CUDA graph and replayed: the GPU's time; skipped with the error where capture fails).
 Then one graphed decode step per setup at batch 1 and 64 under torch.profiler, its CUDA time split into attention,
 GEMM and the rest by kernel name (the unclassified names printed); at batch 1 also one eager prefill's CUDA time by
-part and the eager decode step's host time by Python function (cProfile); last, one training step (forward and backward)
+part, the eager decode step's CUDA time by part against its wall time, and its host time by Python function
+(cProfile); last, one training step (forward and backward)
 of two such layers in bf16 against fp8_autocast's recipes. Writes `$OUT/models.json` when OUT is set.
 
     PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick]     # from the repository root, on a GPU
@@ -188,6 +189,34 @@ def prefill_breakdown(model, batch: int = 1) -> dict:
     return kernel_parts(prof, 1)
 
 
+def decode_eager_breakdown(model, batch: int = 1, steps: int = 4) -> dict:
+    """CUDA microseconds of one eager DynamicCache decode step by part, its kernel count and its wall time: GPU busy
+    time near the wall time means the eager step is GPU-bound (extra or slower kernels), far below it host-bound."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) / steps * 1e6
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+    parts = kernel_parts(prof, steps)
+    parts["kernels_a_step"] = sum(e.count for e in prof.key_averages()
+                                  if (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))) / steps
+    parts["wall_us"] = wall_us
+    return parts
+
+
 def host_profile(model, batch: int = 1, steps: int = 8) -> list:
     """The eager decode step's host time by Python function (cProfile, `steps` DynamicCache steps after a warm-up):
     the 12 largest (function, own µs a step, calls a step)."""
@@ -277,7 +306,8 @@ def main(argv: list[str]) -> int:
                     row[key] = None
                     row[key + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             if batch == 1:  # where the batch-1 eager time goes: the prefill's GPU parts, the decode step's host
-                for key, fn in (("prefill_breakdown", prefill_breakdown), ("host_top", host_profile)):
+                for key, fn in (("prefill_breakdown", prefill_breakdown), ("decode_eager_breakdown", decode_eager_breakdown),
+                                ("host_top", host_profile)):
                     try:
                         row[key] = fn(model)
                     except Exception as exc:
@@ -321,6 +351,12 @@ def main(argv: list[str]) -> int:
         if parts:
             print(f"{r['setup']:6} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
                   + "; ".join(f"{n} {us:.1f}" for n, us in parts["gemm_top"][:3]))
+    print("\neager decode step at B = 1: wall µs, CUDA µs attention / GEMM / rest, kernels a step")
+    for r in record["rows"]:
+        parts = r.get("decode_eager_breakdown")
+        if parts:
+            print(f"{r['setup']:6} | {parts['wall_us']:8.0f} {parts['attention']:8.1f} {parts['gemm']:8.1f} "
+                  f"{parts['rest']:8.1f} {parts['kernels_a_step']:6.0f}")
     print("\neager decode step at B = 1, host: the largest functions (own µs a step, calls a step)")
     for r in record["rows"]:
         if r.get("host_top"):
