@@ -6,7 +6,8 @@ searches each constant (coordinate steps x0.5 to x2.0, and 0, repeated until no 
 training sweeps' cells the model decides, the geomean regret of the chosen plan against the best plan timed plus half
 the mean excess over 10% (a plan a sweep did not time counts 3x). It prints, per model and pair, the regret before and
 after on the training and the holdout sweeps and the constants; a re-tune is worth keeping only where the holdouts
-improve too (the twenty-seventh session kept SM90_MID_MODEL and SM90_W8A16_MODEL; docs/benchmarks.md).
+improve too, and, for a model that also serves larger M (SM90_W8A16_MODEL), only where those cells do not lose (the
+twenty-seventh session kept SM90_MID_MODEL's; docs/benchmarks.md).
 
     PYTHONPATH=. python tests/bench/retune_plan_models.py \\
         --train docs/results/2026-12-04_h200_gemm_sweep_train.json docs/results/2026-12-04_h200_gemm_sweep_train_small.json \\
