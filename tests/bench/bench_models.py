@@ -189,26 +189,33 @@ def prefill_breakdown(model, batch: int = 1) -> dict:
     return kernel_parts(prof, 1)
 
 
+def _next_decode_step(model, batch: int):
+    """Under inference_mode: a DynamicCache filled by a PROMPT-token prefill and one decode step (warm), and a callable
+    that runs the next eager decode step on it."""
+    from transformers import DynamicCache
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids, past_key_values=cache, use_cache=True)
+    model(input_ids=nxt, past_key_values=cache, use_cache=True)
+    torch.cuda.synchronize()
+    return lambda: model(input_ids=nxt, past_key_values=cache, use_cache=True)
+
+
 def decode_eager_breakdown(model, batch: int = 1, steps: int = 4) -> dict:
     """CUDA microseconds of one eager DynamicCache decode step by part, its kernel count and its wall time: GPU busy
     time near the wall time means the eager step is GPU-bound (extra or slower kernels), far below it host-bound."""
     from torch.profiler import ProfilerActivity, profile
-    from transformers import DynamicCache
-    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
-    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        model(input_ids=nxt, past_key_values=cache, use_cache=True)
-        torch.cuda.synchronize()
+        step = _next_decode_step(model, batch)
         start = time.perf_counter()
         for _ in range(steps):
-            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            step()
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) / steps * 1e6
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                model(input_ids=nxt, past_key_values=cache, use_cache=True)
+                step()
             torch.cuda.synchronize()
     parts = kernel_parts(prof, steps)
     parts["kernels_a_step"] = sum(e.count for e in prof.key_averages()
@@ -223,18 +230,12 @@ def host_profile(model, batch: int = 1, steps: int = 8) -> list:
     import cProfile
     import pstats
 
-    from transformers import DynamicCache
-    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
-    nxt = torch.randint(1, 32000, (batch, 1), device=DEVICE)
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        model(input_ids=nxt, past_key_values=cache, use_cache=True)
-        torch.cuda.synchronize()
+        step = _next_decode_step(model, batch)
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(steps):
-            model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            step()
         torch.cuda.synchronize()
         profiler.disable()
     stats = pstats.Stats(profiler).stats
