@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -137,26 +138,9 @@ def attention() -> dict:
 
 
 def _graph_us(fn, calls: int = 50, replays: int = 20) -> float:
-    """µs a call: `calls` calls captured in one CUDA graph, replayed, L2 not flushed (a decode step's K / V are
-    this small)."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(calls):
-                fn()
-    torch.cuda.synchronize()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * calls)
+    """µs a call: the median replay of `calls` calls captured in one CUDA graph (`gpu_timing.time_graph`), L2 not
+    flushed (a decode step's K / V are this small)."""
+    return statistics.median(bm.gpu_timing.time_graph(lambda _: fn(), [None], calls, replays))
 
 
 def main(argv: list[str]) -> int:
