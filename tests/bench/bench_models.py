@@ -6,6 +6,7 @@ initialised from the real configuration (nothing is downloaded), under four setu
   w16a16   ours, every linear on our bf16 GEMM (`quant_gemm` pair w16a16, through `OurBf16Linear` below)
   w8a16    ours + quantize_linear_(model, "w8a16") (every linear, lm_head included)
   fp8      ours + quantize_linear_(model, "fp8")
+  w8a16-fused, fp8-fused   the same with fuse=True: q / k / v and gate / up stacked, one GEMM each (4 a layer, not 7)
 
 Per setup and batch (1, 8, 64): prefill tokens/s (one forward over `PROMPT` tokens a sequence, DynamicCache) and
 decode tokens/s, each two ways: eager (what `model(...)` costs as written, host included) and graphed (a StaticCache
@@ -45,7 +46,7 @@ BATCHES = (1, 8, 64)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                  head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5, vocab_size=128256, num_hidden_layers=LAYERS,
                  max_position_embeddings=8192, pad_token_id=0)
-SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8")
+SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8", "w8a16-fused", "fp8-fused")
 # Kernel-name fragments of each part of a decode step (lower case); anything else is "rest".
 ATTENTION_KERNELS = ("attn", "flash", "fmha", "sdpa", "softmax", "attention")
 GEMM_KERNELS = ("gemm", "gemv", "cutlass", "xmma", "nvjet", "quant_gemm", "splitk", "sm90_", "sm80_")
@@ -68,8 +69,8 @@ def build(setup: str, base):
     import astrai.extension as ae
     model = copy.deepcopy(base)
     model.set_attn_implementation("sdpa" if setup == "hf" else "astrai")
-    if setup in ("w8a16", "fp8"):
-        ae.quantize_linear_(model, setup)
+    if setup.split("-")[0] in ("w8a16", "fp8"):
+        ae.quantize_linear_(model, setup.split("-")[0], fuse=setup.endswith("-fused"))
     elif setup == "w16a16":
         for name, module in list(model.named_modules()):
             if type(module) is torch.nn.Linear:
@@ -294,7 +295,7 @@ def main(argv: list[str]) -> int:
     record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
               "decode_steps": DECODE_STEPS, "transformers": transformers.__version__, "rows": []}
     print(f"Llama-3-8B-shaped, {LAYERS} layers, prompt {PROMPT}, {DECODE_STEPS} decode steps; tokens/s")
-    print(f"{'setup':6} {'B':>3} | {'prefill':>9} {'decode eager':>12} {'decode graph':>12}")
+    print(f"{'setup':11} {'B':>3} | {'prefill':>9} {'decode eager':>12} {'decode graph':>12}")
     breakdowns = {}
     for setup in SETUPS:
         model = build(setup, base)
@@ -325,7 +326,7 @@ def main(argv: list[str]) -> int:
             cells = [f"{row[k]:>{w}.0f}" if row[k] else f"{'failed':>{w}}"
                      for k, w in (("prefill", 9), ("decode_eager", 12), ("decode_graph", 12))]
             errors = "".join(f"  [{k}: {v}]" for k, v in row.items() if k.endswith("error"))
-            print(f"{setup:6} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
+            print(f"{setup:11} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
         del model
         torch.cuda.empty_cache()
     base_rows = {r["batch"]: r for r in record["rows"] if r["setup"] == "hf"}
@@ -340,23 +341,23 @@ def main(argv: list[str]) -> int:
         hf_best = max((b[key] for key in ("decode_eager", "decode_graph") if b.get(key)), default=None)
         r["decode_graph_vs_hf_best"] = r["decode_graph"] / hf_best if r.get("decode_graph") and hf_best else None
         best = f"{r['decode_graph_vs_hf_best']:.2f}x" if r["decode_graph_vs_hf_best"] else "-"
-        print(f"{r['setup']:6} {r['batch']:>3} | {ratio('prefill'):>7} {ratio('decode_eager'):>7} "
+        print(f"{r['setup']:11} {r['batch']:>3} | {ratio('prefill'):>7} {ratio('decode_eager'):>7} "
               f"{ratio('decode_graph'):>7} {best:>7}")
     print("\ngraphed decode step, CUDA microseconds: attention / GEMM / rest (top unclassified kernels)")
     for (setup, batch), parts in breakdowns.items():
-        print(f"{setup:6} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
+        print(f"{setup:11} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
               + "; ".join(f"{n} {us:.1f}" for n, us in parts["rest_top"][:3]))
     print("\neager prefill at B = 1, CUDA microseconds: attention / GEMM / rest (top GEMM kernels)")
     for r in record["rows"]:
         parts = r.get("prefill_breakdown")
         if parts:
-            print(f"{r['setup']:6} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
+            print(f"{r['setup']:11} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
                   + "; ".join(f"{n} {us:.1f}" for n, us in parts["gemm_top"][:3]))
     print("\neager decode step at B = 1: wall µs, CUDA µs attention / GEMM / rest, kernels a step")
     for r in record["rows"]:
         parts = r.get("decode_eager_breakdown")
         if parts:
-            print(f"{r['setup']:6} | {parts['wall_us']:8.0f} {parts['attention']:8.1f} {parts['gemm']:8.1f} "
+            print(f"{r['setup']:11} | {parts['wall_us']:8.0f} {parts['attention']:8.1f} {parts['gemm']:8.1f} "
                   f"{parts['rest']:8.1f} {parts['kernels_a_step']:6.0f}")
     print("\neager decode step at B = 1, host: the largest functions (own µs a step, calls a step)")
     for r in record["rows"]:

@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 import bench_models as bm  # noqa: E402
 
-# The step's GEMMs at batch 1: q / o, k / v, gate / up, down, lm_head (N, K).
-STEP_NK = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+# The step's GEMMs at batch 1 (N, K): q / o, k / v, gate / up, down, lm_head; then the stacked q+k+v and gate+up of quantize_linear_(..., fuse=True)
+STEP_NK = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096), (6144, 4096), (28672, 4096))
 
 
 def timeline(replay) -> list[dict]:
@@ -69,7 +69,7 @@ def print_timeline(setup: str, rows: list[dict]) -> None:
         print(f"    {sum(us):8.1f} {len(us):4d}  {name}")
 
 
-def timelines(setups=("hf", "w8a16", "fp8")) -> dict:
+def timelines(setups=("hf", "w8a16", "w8a16-fused", "fp8")) -> dict:
     import transformers
 
     import astrai.integrations.transformers as astrai_hf

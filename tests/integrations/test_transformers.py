@@ -2,10 +2,13 @@
 attention's torch path. Covers: registration; greedy generation from a left-padded batch equal to sdpa's for a
 GQA Llama, a sliding-window Mistral and a head_dim 256 Gemma, with our attention really called in prefill (a
 [B, Lq, L] mask or causal) and decode; the calls we do not compute (soft-capping, dropout, float or per-head masks)
-sent to sdpa with their reason; quantized linears under a transformers model.
+sent to sdpa with their reason; quantized linears under a transformers model, their q / k / v and gate / up
+fused.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -140,6 +143,33 @@ def test_quantized_linears_under_a_transformers_model(mode):
     keep = mask.bool()
     rel = ((got[keep].float() - want[keep].float()).norm() / want[keep].float().norm()).item()
     assert rel < {"w8a16": 0.03, "fp8": 0.1}[mode], rel
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+@pytest.mark.parametrize("mode", ["w8a16", "w8a8", "fp8"])
+def test_fused_projections_generate_what_the_unfused_layers_do(kind, mode, monkeypatch):
+    """quantize_linear_(..., fuse=True) on a transformers model: every q / k / v and gate / up group stacked (4 GEMMs
+    a layer instead of 7), the same logits and greedy tokens as the unfused layers on the torch path."""
+    from astrai.extension.backend import linear as linear_backend
+    astrai_hf.register()
+    base = _model(kind, torch.bfloat16)
+    base.set_attn_implementation("astrai")
+    apart = ae.quantize_linear_(copy.deepcopy(base), mode, skip=["lm_head"])
+    fused = ae.quantize_linear_(copy.deepcopy(base), mode, skip=["lm_head"], fuse=True)
+    for layer in fused.model.layers:
+        assert layer.self_attn.q_proj._siblings.names == ("q_proj", "k_proj", "v_proj")
+        assert layer.mlp.gate_proj._siblings.names == ("gate_proj", "up_proj")
+    ids, mask = _batch()
+    gemms = []
+    real = linear_backend.quant_gemm
+    monkeypatch.setattr(linear_backend, "quant_gemm", lambda a, b, **kw: gemms.append(b.shape[0]) or real(a, b, **kw))
+    with torch.no_grad():
+        want = apart(input_ids=ids, attention_mask=mask).logits
+        n = len(gemms)
+        got = fused(input_ids=ids, attention_mask=mask).logits
+    assert n == 7 * TINY["num_hidden_layers"] and len(gemms) - n == 4 * TINY["num_hidden_layers"]
+    assert torch.equal(got, want)  # the torch path computes a column alike whatever N
+    assert torch.equal(_generate(fused, "astrai", ids, mask), _generate(apart, "astrai", ids, mask))
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ cannot serve a call (a CPU tensor, no image), `quant_gemm` and the quantize func
 which compute the same contract (docs/contracts.md, "Quantized linears").
 
 The modules are for inference: they have no backward (an input that requires grad under grad mode raises).
-`quantize_linear_` checks every candidate layer before it converts any, and reports each one it cannot take.
+`quantize_linear_` checks every candidate layer before it converts any, and reports each one it cannot take; with
+`fuse=` it stacks sibling layers that read one input (q / k / v, gate / up) into one GEMM (`SiblingGroup`).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class QuantLinear(nn.Module):
             error_msgs.append(f"{name}: {prefix}weight must be {_QUANT_DTYPE[self.mode]} (mode {self.mode!r}), got "
                               f"{weight.dtype}; quantize_linear_(..., mode) must match the checkpoint's mode")
             return
+        if self._siblings is not None and local_metadata.get("assign_to_params_buffers"):
+            self._siblings.forget()  # assign=True replaces the buffers: the stacked ones would only pin memory
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -115,6 +118,8 @@ class QuantLinear(nn.Module):
         # Module.to(dtype) / .half() cast every floating tensor, e4m3 weights and float32 scales included: move the
         # quantized buffers to the new device but keep their dtype (the bias follows the conversion, as
         # nn.Linear's does).
+        if self._siblings is not None:  # the moved buffers are no longer views of the stacked ones
+            self._siblings.forget()
         kept = {name: self._buffers.pop(name) for name in self._KEEP_DTYPE}
         try:
             super()._apply(fn, recurse)
@@ -139,15 +144,17 @@ class QuantLinear(nn.Module):
     # are fixed; replacing or moving one changes its pointer), and the ops check every argument again in C++. The
     # same ops with the same arguments: the same bits. Traced code always takes the checked path.
     _fast_key = None
+    # The sibling group this layer is fused into (`quantize_linear_(..., fuse=...)`), or None.
+    _siblings = None
 
     def _key(self, x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple:
         return (x2.get_device(), x2.dtype, weight.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr())
 
-    def _kernels_serve(self, x2: torch.Tensor, a: torch.Tensor, a_scale) -> bool:
+    def _kernels_serve(self, x2: torch.Tensor, a: torch.Tensor, a_scale, weight, scale, bias) -> bool:
         """Whether the checked path just ran this call's quantize (if any) and GEMM on the kernels."""
         if self.mode != "w8a16" and _quantize_policy.select_path(x2) != "cuda":
             return False
-        return cuda_blocker(a, self.weight, a_scale=a_scale, b_scale=self.weight_scale, bias=self.bias) is None
+        return cuda_blocker(a, weight, a_scale=a_scale, b_scale=scale, bias=bias) is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
@@ -157,15 +164,25 @@ class QuantLinear(nn.Module):
         k = self.in_features
         if x.dim() < 1 or x.shape[-1] != k:
             raise ValueError(f"{type(self).__name__}: x must be [..., {k}] (in_features), got {list(x.shape)}")
-        x2 = x.reshape(-1, k)
-        out_shape = (*x.shape[:-1], self.out_features)
-        if x2.shape[0] == 0:
-            return x.new_empty(out_shape)
+        group = self._siblings
+        if group is not None:
+            y = group.forward(self, x)
+            if y is not None:
+                return y
         buffers = self._buffers  # not Module.__getattr__ (this runs once a linear a token), unless one was replaced
         try:
             weight, scale, bias = buffers["weight"], buffers["weight_scale"], buffers["bias"]
         except KeyError:  # e.g. a Parameter assigned in place of a buffer
             weight, scale, bias = self.weight, self.weight_scale, self.bias
+        return self._gemm(x, weight, scale, bias)
+
+    def _gemm(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        """y = x @ dequantized(weight)^T + bias for this module's buffers or its sibling group's fused ones."""
+        k = self.in_features
+        x2 = x.reshape(-1, k)
+        out_shape = (*x.shape[:-1], weight.shape[0])
+        if x2.shape[0] == 0:
+            return x.new_empty(out_shape)
         plain = (x2.is_cuda and not torch.compiler.is_compiling() and x2.is_contiguous()
                  and x2.data_ptr() % ALIGN == 0)
         if plain and self._fast_key is not None and self._fast_key == self._key(x2, weight, scale, bias):
@@ -180,12 +197,14 @@ class QuantLinear(nn.Module):
         a, a_scale = self._quantize_input(x2)
         y = quant_gemm(a, weight, a_scale=a_scale, b_scale=scale, bias=bias, out_dtype=x.dtype)
         if plain:
-            self._fast_key = self._key(x2, weight, scale, bias) if self._kernels_serve(x2, a, a_scale) else None
+            self._fast_key = (self._key(x2, weight, scale, bias)
+                              if self._kernels_serve(x2, a, a_scale, weight, scale, bias) else None)
         return y.reshape(out_shape)
 
     def extra_repr(self) -> str:
+        fused = f", fused={'+'.join(self._siblings.names)}" if self._siblings is not None else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"mode={self.mode!r}")
+                f"mode={self.mode!r}{fused}")
 
 
 class W8A16Linear(QuantLinear):
@@ -228,6 +247,104 @@ class Fp8Linear(QuantLinear):
 
 
 MODULES = {"w8a16": W8A16Linear, "w8a8": W8A8Linear, "fp8": Fp8Linear}
+
+# Sibling layers `quantize_linear_(..., fuse=True)` stacks into one GEMM where a parent holds all of a tuple: the
+# projections that read one input in Llama-, Mistral-, Qwen- and Gemma-style transformers blocks (vLLM packs the same
+# pairs). At batch 1 each GEMM is a weight read with a fixed cost of a few microseconds (launch, first bytes, tail), so
+# one call over the stacked q / k / v or gate / up weights replaces three or two.
+FUSE_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class SiblingGroup:
+    """Quantized linears of one parent that read the same input (a layer's q / k / v projections, an MLP's gate and
+    up): one GEMM over their weights stacked in one buffer, its output's column blocks handed out in order.
+
+    The members' `weight`, `weight_scale` and `bias` buffers are views of the stacked buffers: nothing is stored
+    twice, and `state_dict` keeps each layer's own keys. The first member (the leader) runs the stacked GEMM when
+    the model calls it and holds the output; a member called next with the same x (the same tensor, not modified
+    since) returns its block of it, the last one releasing it; any other call runs the member alone on its own view
+    (the same contract; other bits where the stacked N plans differently). Traced code (torch.compile) runs every
+    member alone. After `.to()` or anything else that replaces a member's buffer, the leader stacks the buffers
+    again on its next eager call (not while a CUDA graph is being captured: members then run alone).
+    """
+
+    def __init__(self, members, names):
+        self.members, self.names = tuple(members), tuple(names)
+        ends, total = [], 0
+        for m in self.members:
+            total += m.out_features
+            ends.append(total)
+        self.bounds = tuple(zip([0] + ends[:-1], ends))
+        self._stacked = None  # (weight, weight_scale, bias or None) the members' buffers are views of
+        self._views = None    # the members' buffer objects when stacked: a replaced one means stack again
+        self._held = None     # [x, x's version, the stacked output, members served]
+        for m in self.members:
+            m._siblings = self
+
+    def __getstate__(self):  # copies and pickles drop a held output (and the input it pins)
+        state = dict(self.__dict__)
+        state["_held"] = None
+        return state
+
+    def forget(self) -> None:
+        """Drop the stacked buffers and any held output (a member's buffers are about to be replaced)."""
+        self._stacked = self._views = self._held = None
+
+    def _buffers_now(self) -> tuple:
+        return tuple(m._buffers.get(name) for m in self.members for name in ("weight", "weight_scale", "bias"))
+
+    def stack(self) -> bool:
+        """Stack the members' buffers into one weight, scale and bias and make each member's buffers views of them;
+        False (nothing changed) where the members' buffers differ in device or dtype or only some have a bias."""
+        members = self.members
+        first = members[0]._buffers
+        for m in members:
+            b = m._buffers
+            for name in ("weight", "weight_scale", "bias"):
+                t, t0 = b.get(name), first.get(name)
+                if (t is None) != (t0 is None) or (t is not None and (t.device != t0.device or t.dtype != t0.dtype)):
+                    self.forget()
+                    return False
+        stacked = []
+        for name in ("weight", "weight_scale", "bias"):
+            if first.get(name) is None:
+                stacked.append(None)
+                continue
+            whole = torch.cat([m._buffers[name] for m in members])
+            for m, (lo, hi) in zip(members, self.bounds):
+                m._buffers[name] = whole[lo:hi]
+            stacked.append(whole)
+        self._stacked, self._views, self._held = tuple(stacked), self._buffers_now(), None
+        return True
+
+    def _current(self, x: torch.Tensor):
+        views = self._buffers_now()
+        if self._views is not None and all(a is b for a, b in zip(views, self._views)):
+            return self._stacked
+        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return None
+        return self._stacked if self.stack() else None
+
+    def forward(self, member: "QuantLinear", x: torch.Tensor):
+        """`member`'s output through the stacked GEMM, or None: run it alone."""
+        if torch.compiler.is_compiling():
+            return None
+        if member is self.members[0]:
+            stacked = self._current(x)
+            if stacked is None:
+                return None
+            y = member._gemm(x, *stacked)
+            self._held = [x, x._version, y, 1]
+            return y[..., : self.bounds[0][1]]
+        held = self._held
+        if held is None or held[0] is not x or held[1] != x._version:
+            return None
+        lo, hi = self.bounds[self.members.index(member)]
+        held[3] += 1
+        if held[3] == len(self.members):
+            self._held = None
+        return held[2][..., lo:hi]
+
 
 
 def unsupported_reason(module: nn.Module, mode: str, *, empty: bool = False) -> str | None:
@@ -290,7 +407,7 @@ def _skipper(skip):
     return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = False) -> nn.Module:
+def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = False, fuse=False) -> nn.Module:
     """Swap every `nn.Linear` of `model` (in place) for the quantized linear of `mode` and return `model`.
 
     Parameters
@@ -310,6 +427,12 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = Fa
         quantizing the layers' weights: for loading a quantized checkpoint (`load_state_dict`) into a fresh model.
         A checkpoint's `weight_scale` may be [N], [N, 1], [1, N] or one per-tensor value, in any float dtype (stored
         as float32 [N]); a `weight` of another dtype than the mode's is refused.
+    fuse : bool or iterable of tuples of str
+        Stack sibling layers that read the same input into one GEMM (`SiblingGroup`): `True` takes `FUSE_GROUPS`
+        (q_proj / k_proj / v_proj and gate_proj / up_proj), or give the child names of each group, e.g.
+        `fuse=[("wq", "wk", "wv")]`. A group forms where one parent holds every name as a converted layer reached by
+        that one name, with one in_features and all or none with a bias; others stay apart (logged). Each layer
+        keeps its own buffers and `state_dict` keys (views of the stacked ones). Default False.
 
     Example
     -------
@@ -327,6 +450,7 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = Fa
     if isinstance(model, nn.Linear):
         raise ValueError(f"{FN}: model is itself an nn.Linear; use {MODULES[mode].__name__}.from_linear(model)")
     skipped = _skipper(skip)
+    fuse_groups = _fuse_groups(fuse)
     places: dict[int, list[str]] = {}  # id(layer) -> every qualified name it is reached by (a layer may be shared)
     layers, problems = {}, []
     for name, module in model.named_modules(remove_duplicate=False):
@@ -350,4 +474,60 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = Fa
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, converted[key])
     _logger.info("%s: %d nn.Linear layer(s) -> %s (mode %r)", FN, len(converted), MODULES[mode].__name__, mode)
+    if fuse_groups:
+        _fuse_siblings(model, fuse_groups, converted, places)
     return model
+
+
+def _fuse_groups(fuse) -> tuple:
+    if fuse is True:
+        return FUSE_GROUPS
+    if fuse is False or fuse is None:
+        return ()
+    bad = TypeError(f"{FN}: fuse must be a bool or an iterable of tuples of two or more distinct child names, e.g. "
+                    f"[('q_proj', 'k_proj', 'v_proj')], got {fuse!r}")
+    if isinstance(fuse, str):
+        raise bad
+    try:
+        groups = tuple(tuple(group) for group in fuse)
+    except TypeError:
+        raise bad from None
+    for group in groups:
+        if (isinstance(group, str) or len(group) < 2 or len(set(group)) != len(group)
+                or not all(isinstance(n, str) and n and "." not in n for n in group)):
+            raise bad
+    return groups
+
+
+def _fuse_siblings(model: nn.Module, groups: tuple, converted: dict, places: dict) -> None:
+    """Stack each parent's sibling groups (already converted: `converted` maps id(original layer) to its module)."""
+    by_module = {id(q): key for key, q in converted.items()}
+    formed: dict[tuple, int] = {}
+    for parent_name, parent in model.named_modules():
+        for names in groups:
+            children = [parent._modules.get(n) for n in names]
+            if not all(isinstance(c, QuantLinear) for c in children):
+                continue  # not this parent's group (or a layer was skipped)
+            where = f"{parent_name}.{{{','.join(names)}}}" if parent_name else "{" + ",".join(names) + "}"
+            keys = [by_module.get(id(c)) for c in children]
+            if any(k is None for k in keys):
+                why = "a layer was not converted by this call"
+            elif len(set(map(id, children))) != len(children) or any(len(places[k]) > 1 for k in keys):
+                why = "a layer is shared (reached by more than one name)"
+            elif any(c._siblings is not None for c in children):
+                why = "a layer is already in a group"
+            elif len({c.in_features for c in children}) > 1:
+                why = f"in_features differ ({[c.in_features for c in children]})"
+            elif len({c.bias is None for c in children}) > 1:
+                why = "only some have a bias"
+            else:
+                group = SiblingGroup(children, names)
+                if group.stack():
+                    formed[names] = formed.get(names, 0) + 1
+                    continue
+                for c in children:
+                    c._siblings = None
+                why = "their buffers differ in device or dtype"
+            _logger.info("%s: %s not fused: %s", FN, where, why)
+    if formed:
+        _logger.info("%s: fused %s", FN, ", ".join(f"{'+'.join(n)} x {c}" for n, c in formed.items()))

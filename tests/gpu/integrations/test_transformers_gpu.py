@@ -157,18 +157,20 @@ def float32_logits(model, ids, mask):
 
 @pytest.mark.requires_cuda_kernels("gemm")
 @pytest.mark.requires_cuda_kernels("quantize")
+@pytest.mark.parametrize("fuse", [False, True], ids=["apart", "fused"])
 @pytest.mark.parametrize("mode", ["w8a16", "fp8"])
-def test_quantized_linears_keep_the_logits(mode, monkeypatch):
+def test_quantized_linears_keep_the_logits(mode, fuse, monkeypatch):
     """Two checks: the kernels against the torch paths of the same quantized model (the contract's formulas): within
     2x the model's own bf16 rounding error for w8a16, under half the quantization's error for fp8; and the
-    quantization's error against bf16 linears, within LOGIT_TOLERANCE."""
+    quantization's error against bf16 linears, within LOGIT_TOLERANCE. Fused: q / k / v and gate / up stacked."""
     from astrai.extension.backend import gemm as gemm_backend
     from astrai.extension.backend import quantize as quantize_backend
     model, ids, mask = astrai_llama()
     truth = float32_logits(model, ids, mask)
     with torch.inference_mode():
         want = model(input_ids=ids, attention_mask=mask).logits
-        ae.quantize_linear_(model, mode, skip=["lm_head"])
+        ae.quantize_linear_(model, mode, skip=["lm_head"], fuse=fuse)
+        assert (model.model.layers[0].mlp.up_proj._siblings is not None) == fuse
         with monkeypatch.context() as m:
             for backend in (gemm_backend, quantize_backend):
                 m.setattr(backend, "_cuda_blocker", lambda *args, **kw: "test: the torch path")
@@ -177,7 +179,7 @@ def test_quantized_linears_keep_the_logits(mode, monkeypatch):
     noise = masked_rel_error(want, truth, mask)
     kernels = masked_rel_error(got, ref, mask)
     rel = masked_rel_error(got, want, mask)
-    print(f"llama3-8b {mode}: logits relative error {rel:.4f} against bf16 linears; kernels vs torch paths {kernels:.4f}"
+    print(f"llama3-8b {mode} fuse={fuse}: logits relative error {rel:.4f} against bf16 linears; kernels vs torch paths {kernels:.4f}"
           f" (bf16 rounding of this model {noise:.4f})")
     if mode == "w8a16":  # bf16 activations: the two differ by summation order, like two bf16 implementations
         assert kernels <= 2 * noise + 1e-3, (kernels, noise)

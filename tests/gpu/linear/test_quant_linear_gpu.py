@@ -145,3 +145,59 @@ def test_the_fast_path_gives_the_checked_paths_bits(mode, monkeypatch):
         q.weight_scale = q.weight_scale.clone()
         q(torch.randn(4, 1024, device=DEVICE, dtype=torch.bfloat16))
         assert len(checked) == before + 2, "a replaced buffer skipped the checks"
+
+
+class _Siblings(torch.nn.Module):
+    """A Llama-shaped block's sibling projections at a small width: q / k / v off one x, gate / up off another."""
+
+    def __init__(self, d=1024, kv=256, hidden=2816):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(d, n, bias=False) for n in (d, kv, kv))
+        self.gate_proj, self.up_proj = (torch.nn.Linear(d, hidden, bias=False) for _ in range(2))
+        self.down_proj = torch.nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        h = x + q * torch.sigmoid(k).repeat(1, 4) + v.repeat(1, 4)
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+@pytest.mark.parametrize("m", [1, 7, 300])
+@pytest.mark.parametrize("mode", MODES)
+def test_fused_siblings_on_the_kernels(mode, m):
+    """quantize_linear_(..., fuse=True) on the kernels: one GEMM a group (counted at the op), each member's block
+    against the float64 reference of its own buffers (the stacked N may plan otherwise than the member's, so not
+    bitwise against the unfused layers), no fallback, members' strided blocks taken by the next ops, and graph replay
+    bitwise against eager."""
+    _skip_unserved(mode)
+    torch.manual_seed(0)
+    base = _Siblings().to(DEVICE, torch.bfloat16)
+    apart = ae.quantize_linear_(copy.deepcopy(base), mode)
+    fused = ae.quantize_linear_(copy.deepcopy(base), mode, fuse=True)
+    x = torch.randn(m, 1024, device=DEVICE, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        _fallbacks.reset()
+        got, want = fused(x), apart(x)
+        assert _fallbacks.snapshot()["reasons"] == [], "a CUDA call fell back to torch"
+        assert _rel(got, want) < 2.0**-6
+        q = fused.q_proj(x)
+        blocks = [fused.k_proj(x), fused.v_proj(x)]
+        for member, y in zip((fused.q_proj, fused.k_proj, fused.v_proj), [q] + blocks):
+            r = ref.quant_linear(member, x)
+            assert (y.double() - r).abs().max().item() <= 2.0**-7 * r.abs().max().item() + 1e-3
+        replay = GraphReplay(lambda: fused(x))
+        assert_replay_matches_eager(replay, lambda: fused(x), lambda trial: x.normal_())
+
+
+def test_fused_siblings_move_to_the_gpu_and_stack_again():
+    torch.manual_seed(1)
+    cpu = ae.quantize_linear_(_Siblings().to(torch.bfloat16), "w8a16", fuse=True)
+    gpu = copy.deepcopy(cpu).to(DEVICE)
+    assert gpu.q_proj._siblings._stacked is None
+    x = torch.randn(5, 1024, device=DEVICE, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        y = gpu(x)
+    stacked = gpu.q_proj._siblings._stacked[0]
+    assert stacked.is_cuda and gpu.v_proj.weight.data_ptr() == stacked.data_ptr() + 1280 * 1024
+    with torch.inference_mode():
+        assert _rel(y.cpu(), cpu(x.cpu())) < 2.0**-6
