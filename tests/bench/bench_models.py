@@ -7,6 +7,8 @@ initialised from the real configuration (nothing is downloaded), under four setu
   w8a16    ours + quantize_linear_(model, "w8a16") (every linear, lm_head included)
   fp8      ours + quantize_linear_(model, "fp8")
   w8a16-fused, fp8-fused   the same with fuse=True: q / k / v and gate / up stacked, one GEMM each (4 a layer, not 7)
+  w8a16-fused-rope, fp8-fused-rope   and the rotary embedding on our kernel (astrai_hf.patch_rotary(); transformers'
+           own apply_rotary_pos_emb is ~10 elementwise kernels a layer at batch 1)
 
 Per setup and batch (1, 8, 64): prefill tokens/s (one forward over `PROMPT` tokens a sequence, DynamicCache) and
 decode tokens/s, each two ways: eager (what `model(...)` costs as written, host included) and graphed (a StaticCache
@@ -46,7 +48,7 @@ BATCHES = (1, 8, 64)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                  head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5, vocab_size=128256, num_hidden_layers=LAYERS,
                  max_position_embeddings=8192, pad_token_id=0)
-SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8", "w8a16-fused", "fp8-fused")
+SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8", "w8a16-fused", "fp8-fused", "w8a16-fused-rope", "fp8-fused-rope")
 # Kernel-name fragments of each part of a decode step (lower case); anything else is "rest".
 ATTENTION_KERNELS = ("attn", "flash", "fmha", "sdpa", "softmax", "attention")
 GEMM_KERNELS = ("gemm", "gemv", "cutlass", "xmma", "nvjet", "quant_gemm", "splitk", "sm90_", "sm80_")
@@ -66,11 +68,19 @@ class OurBf16Linear(torch.nn.Module):
 
 
 def build(setup: str, base):
+    """The setup's model. `astrai_hf.patch_rotary()` is process-wide: this patches it for a "-rope" setup and
+    unpatches it otherwise, so build each setup right before timing it (as `main` does)."""
     import astrai.extension as ae
+    import astrai.integrations.transformers as astrai_hf
+    mode, *features = setup.split("-")
+    if "rope" in features:
+        astrai_hf.patch_rotary()
+    else:
+        astrai_hf.unpatch_rotary()
     model = copy.deepcopy(base)
     model.set_attn_implementation("sdpa" if setup == "hf" else "astrai")
-    if setup.split("-")[0] in ("w8a16", "fp8"):
-        ae.quantize_linear_(model, setup.split("-")[0], fuse=setup.endswith("-fused"))
+    if mode in ("w8a16", "fp8"):
+        ae.quantize_linear_(model, mode, fuse="fused" in features)
     elif setup == "w16a16":
         for name, module in list(model.named_modules()):
             if type(module) is torch.nn.Linear:
@@ -295,7 +305,7 @@ def main(argv: list[str]) -> int:
     record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
               "decode_steps": DECODE_STEPS, "transformers": transformers.__version__, "rows": []}
     print(f"Llama-3-8B-shaped, {LAYERS} layers, prompt {PROMPT}, {DECODE_STEPS} decode steps; tokens/s")
-    print(f"{'setup':11} {'B':>3} | {'prefill':>9} {'decode eager':>12} {'decode graph':>12}")
+    print(f"{'setup':16} {'B':>3} | {'prefill':>9} {'decode eager':>12} {'decode graph':>12}")
     breakdowns = {}
     for setup in SETUPS:
         model = build(setup, base)
@@ -326,9 +336,10 @@ def main(argv: list[str]) -> int:
             cells = [f"{row[k]:>{w}.0f}" if row[k] else f"{'failed':>{w}}"
                      for k, w in (("prefill", 9), ("decode_eager", 12), ("decode_graph", 12))]
             errors = "".join(f"  [{k}: {v}]" for k, v in row.items() if k.endswith("error"))
-            print(f"{setup:11} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
+            print(f"{setup:16} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
         del model
         torch.cuda.empty_cache()
+    astrai_hf.unpatch_rotary()
     base_rows = {r["batch"]: r for r in record["rows"] if r["setup"] == "hf"}
     # hf's own best decode (eager or graphed: at batch 64 transformers' graphed sdpa step has run slower than its
     # eager one) is the fair baseline for our graphed decode; both are printed.
@@ -341,23 +352,23 @@ def main(argv: list[str]) -> int:
         hf_best = max((b[key] for key in ("decode_eager", "decode_graph") if b.get(key)), default=None)
         r["decode_graph_vs_hf_best"] = r["decode_graph"] / hf_best if r.get("decode_graph") and hf_best else None
         best = f"{r['decode_graph_vs_hf_best']:.2f}x" if r["decode_graph_vs_hf_best"] else "-"
-        print(f"{r['setup']:11} {r['batch']:>3} | {ratio('prefill'):>7} {ratio('decode_eager'):>7} "
+        print(f"{r['setup']:16} {r['batch']:>3} | {ratio('prefill'):>7} {ratio('decode_eager'):>7} "
               f"{ratio('decode_graph'):>7} {best:>7}")
     print("\ngraphed decode step, CUDA microseconds: attention / GEMM / rest (top unclassified kernels)")
     for (setup, batch), parts in breakdowns.items():
-        print(f"{setup:11} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
+        print(f"{setup:16} {batch:>3} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
               + "; ".join(f"{n} {us:.1f}" for n, us in parts["rest_top"][:3]))
     print("\neager prefill at B = 1, CUDA microseconds: attention / GEMM / rest (top GEMM kernels)")
     for r in record["rows"]:
         parts = r.get("prefill_breakdown")
         if parts:
-            print(f"{r['setup']:11} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
+            print(f"{r['setup']:16} | {parts['attention']:8.1f} {parts['gemm']:8.1f} {parts['rest']:8.1f}  "
                   + "; ".join(f"{n} {us:.1f}" for n, us in parts["gemm_top"][:3]))
     print("\neager decode step at B = 1: wall µs, CUDA µs attention / GEMM / rest, kernels a step")
     for r in record["rows"]:
         parts = r.get("decode_eager_breakdown")
         if parts:
-            print(f"{r['setup']:11} | {parts['wall_us']:8.0f} {parts['attention']:8.1f} {parts['gemm']:8.1f} "
+            print(f"{r['setup']:16} | {parts['wall_us']:8.0f} {parts['attention']:8.1f} {parts['gemm']:8.1f} "
                   f"{parts['rest']:8.1f} {parts['kernels_a_step']:6.0f}")
     print("\neager decode step at B = 1, host: the largest functions (own µs a step, calls a step)")
     for r in record["rows"]:

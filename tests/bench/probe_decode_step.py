@@ -69,7 +69,7 @@ def print_timeline(setup: str, rows: list[dict]) -> None:
         print(f"    {sum(us):8.1f} {len(us):4d}  {name}")
 
 
-def timelines(setups=("hf", "w8a16", "w8a16-fused", "fp8")) -> dict:
+def timelines(setups=("hf", "w8a16", "w8a16-fused", "w8a16-fused-rope", "fp8")) -> dict:
     import transformers
 
     import astrai.integrations.transformers as astrai_hf
@@ -87,6 +87,7 @@ def timelines(setups=("hf", "w8a16", "w8a16-fused", "fp8")) -> dict:
         print_timeline(setup, rows)
         del model, replay
         torch.cuda.empty_cache()
+    astrai_hf.unpatch_rotary()
     return out
 
 
