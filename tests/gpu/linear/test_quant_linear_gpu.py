@@ -179,7 +179,9 @@ def test_fused_siblings_on_the_kernels(mode, m):
         _fallbacks.reset()
         got, want = fused(x), apart(x)
         assert _fallbacks.snapshot()["reasons"] == [], "a CUDA call fell back to torch"
-        assert _rel(got, want) < 2.0**-6
+        # fused and apart differ where the stacked N plans otherwise (summation order, a last bit of q / k / v); the
+        # block re-quantizes its MLP input for w8a8 / fp8, where such a bit can flip a rounding step (1/127, 1/16)
+        assert _rel(got, want) < {"w8a16": 2.0**-7, "w8a8": 2.0**-6, "fp8": 0.04}[mode]
         q = fused.q_proj(x)
         blocks = [fused.k_proj(x), fused.v_proj(x)]
         for member, y in zip((fused.q_proj, fused.k_proj, fused.v_proj), [q] + blocks):
