@@ -30,8 +30,8 @@
 #            models (tests/bench/bench_models.py: a Llama-3-8B-shaped model end to end against transformers + sdpa
 #            + cuBLAS, $OUT/models.json; not gated; 53 s on the H200 (2026-12-05): explicit only)
 #            decode-probe (tests/bench/probe_decode_step.py: that model's graphed batch-1 decode step kernel by kernel,
-#            the chain's plans against every plan on the step's M = 1 GEMM shapes, the attention call at each KV split;
-#            $OUT/decode_step.json; not gated; explicit only)
+#            the chain's plans against every plan on the step's M = 1 GEMM shapes, the attention call at each KV split,
+#            an L2 pre-warm experiment; $OUT/decode_step.json; not gated; explicit only)
 #            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release;
 #            skips with the reason when the image's toolkit or arches differ from the recorded digest's)
 # Time: BUDGET_S (default 560) for the whole call; a tier that would start past it is skipped, and each tier
@@ -54,7 +54,7 @@ declare -A status seconds detail
 # they get more time than test-gpu. Measured tier times: docs/benchmarks.md, "GPU tiers".
 declare -A TIER_LIMIT=([info]=60 [cu-tests]=120 [sanitize]=240 [test-gpu]=180 [test-gpu-ptx80]=240
   [test-gpu-ptx89]=240 [bench]=330 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=300 [models]=300
-  [decode-probe]=200)
+  [decode-probe]=300)
 for kv in ${TIER_LIMITS:-}; do TIER_LIMIT[${kv%%=*}]=${kv#*=}; done  # e.g. TIER_LIMITS="test-gpu=300 bench=200"
 START=$SECONDS
 

@@ -8,8 +8,12 @@ by kernel, and what the step's GEMM shapes and attention call could cost on thei
      shapes (weights past the L2, as the sweep times them), against the chain's pick.
   3. attention: our decode call as the transformers backend makes it (a static cache's K / V `[B, Hkv, L, D]`
      transposed, a bool mask over the whole cache) at each KV split size, against sdpa on the same tensors.
+  4. prewarm: an experiment for the step's fixed cost a GEMM. A w8a16 M = 1 GEMM behind transformers' batch-1
+     RMSNorm (seven small kernels, DRAM idle), weights rotated past the L2, timed as one graph a call: as it runs in
+     a model, and with a second stream reading the first part of each weight row into L2 while the norm runs (a
+     stand-in for a prefetch op we do not have), and with that read on the main stream (serial, no overlap).
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_decode_step.py [timeline] [plans] [attention]
+    PYTHONPATH=.:tests/bench python tests/bench/probe_decode_step.py [timeline] [plans] [attention] [prewarm]
 Writes `$OUT/decode_step.json` when OUT is set.
 """
 
@@ -138,6 +142,62 @@ def attention() -> dict:
     return results
 
 
+def prewarm(shapes=((4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096)), fractions=(0.25, 0.5, 1.0)) -> dict:
+    import math
+
+    import astrai.extension as ae
+    l2 = bm.gpu_timing.l2_bytes()
+    reader = torch.cuda.Stream()
+    norm_w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    x0 = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def norm(x):  # transformers' LlamaRMSNorm as it runs at batch 1
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return norm_w * h.to(x.dtype)
+
+    results = {"l2_bytes": l2}
+    print(f"\nprewarm: w8a16 M = 1 GEMM behind an RMSNorm, us a call (graph, weights rotated past the {l2 >> 20} MiB L2)")
+    for n, k in shapes:
+        sets = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
+                for _ in range(max(2, math.ceil(3 * l2 / (n * k))))]
+        scale = torch.rand(n, device="cuda", dtype=torch.float32) / 64
+
+        def gemm(x, w):
+            return ae.quant_gemm(x, w, b_scale=scale)
+
+        def side_read(cols):
+            def step(w):
+                main = torch.cuda.current_stream()
+                reader.wait_stream(main)
+                with torch.cuda.stream(reader):  # the first `cols` bytes of every weight row into L2
+                    w.view(torch.int32)[:, : cols // 4].amax()
+                y = gemm(norm(x0), w)
+                main.wait_stream(reader)
+                return y
+            return step
+
+        cases = {"norm only": lambda w: norm(x0), "gemm only": lambda w: gemm(x0, w),
+                 "norm + gemm": lambda w: gemm(norm(x0), w),
+                 "read all, then norm + gemm (serial)": lambda w: (w.view(torch.int32).amax(), gemm(norm(x0), w))[1]}
+        for fraction in fractions:
+            cols = min(k, int(k * fraction) // 64 * 64, int(0.6 * l2 / n) // 64 * 64)
+            if cols >= 64:
+                cases[f"side read {cols}/{k} of each row during the norm"] = side_read(cols)
+        shape = {}
+        for name, step in cases.items():
+            try:
+                shape[name] = statistics.median(bm.gpu_timing.time_graph(step, sets, 4 * len(sets), 10))
+                print(f"  N={n:6} K={k}  {shape[name]:8.2f} us  {name}")
+            except Exception as exc:
+                shape[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                print(f"  N={n:6} K={k}  failed  {name}: {shape[name]}")
+        results[f"{n}x{k}"] = shape
+        del sets
+        torch.cuda.empty_cache()
+    return results
+
+
 def _graph_us(fn, calls: int = 50, replays: int = 20) -> float:
     """µs a call: the median replay of `calls` calls captured in one CUDA graph (`gpu_timing.time_graph`), L2 not
     flushed (a decode step's K / V are this small)."""
@@ -145,11 +205,11 @@ def _graph_us(fn, calls: int = 50, replays: int = 20) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parts = argv or ["timeline", "plans", "attention"]
+    parts = argv or ["timeline", "plans", "attention", "prewarm"]
     record = {"environment": bm.gpu_timing.environment()}
     for part in parts:
         try:
-            record[part] = {"timeline": timelines, "plans": plans, "attention": attention}[part]()
+            record[part] = {"timeline": timelines, "plans": plans, "attention": attention, "prewarm": prewarm}[part]()
         except Exception as exc:  # one part's failure must not hide the others
             import traceback
             traceback.print_exc(limit=4)
