@@ -51,6 +51,17 @@ def main() -> None:
         q = ae.quantize_linear_(torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False)).to(DEVICE, torch.bfloat16),
                                 mode)[0]
         cases[f"{type(q).__name__} (fast path)"] = (lambda q=q: q(x))
+    class Qkv(torch.nn.Module):  # a layer's q / k / v, called as transformers calls them
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(1024, n, bias=False) for n in (1024, 256, 256))
+
+        def forward(self, h):
+            return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
+    for fuse in (False, True):
+        qkv = ae.quantize_linear_(Qkv().to(DEVICE, torch.bfloat16), "w8a16", fuse=fuse)
+        cases[f"q / k / v W8A16Linear, fuse={fuse} (3 calls)"] = (lambda qkv=qkv: qkv(x))
     w8 = ae.W8A16Linear.from_linear(lin)
     cases["quant_gemm w8a16 (public, checked)"] = lambda: ae.quant_gemm(x, w8.weight, b_scale=w8.weight_scale)
     cases["ops.gemm.quant_gemm w8a16 (op wrapper)"] = lambda: gemm_ops.quant_gemm(x, w8.weight,
