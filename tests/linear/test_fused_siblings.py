@@ -3,7 +3,8 @@ torch paths. Covers: outputs equal to the unfused layers' (the torch path comput
 N), the GEMM count (one a group), views of one stacked buffer with each layer's own `state_dict` keys, checkpoints
 crossing between fused and unfused models bitwise, re-stacking after `.to()` / deepcopy / `load_state_dict(assign=True)`
 / `to_empty`, every case where a member must run alone (modified input, another input, the leader not called first,
-traced code), the groups that must not form and why, and argument checks.
+traced code), a group not called on one input breaking up for good (a cross-attention), the groups that must not
+form and why, and argument checks.
 """
 
 from __future__ import annotations
@@ -216,32 +217,62 @@ def _probe_pair(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_member_runs_alone_where_the_held_output_does_not_apply(mode, monkeypatch):
-    apart, fused = _probe_pair(mode)
     calls = _count_gemms(monkeypatch)
-    x = torch.randn(5, D, dtype=torch.bfloat16)
     with torch.no_grad():
         # the input modified in place between the leader and a member: the member runs alone on the new values
+        apart, fused = _probe_pair(mode)
+        x = torch.randn(5, D, dtype=torch.bfloat16)
         q = fused.q_proj(x)
         x.mul_(-2)
         assert_bitwise_equal(fused.k_proj(x), apart.k_proj(x), "k after x changed in place")
+        assert_bitwise_equal(fused.v_proj(x), apart.v_proj(x), "v after x changed in place")
         assert_bitwise_equal(q, apart.q_proj(x / -2), "q")
-        # another tensor with the same values: alone
-        fused.q_proj(x)
-        assert_bitwise_equal(fused.v_proj(x.clone()), apart.v_proj(x), "v on another tensor")
         # a member before its leader: alone; then the leader's call serves the rest
-        n = len(calls)
+        apart, fused = _probe_pair(mode)
         y = torch.randn(2, 3, D, dtype=torch.bfloat16)
+        n = len(calls)
         assert_bitwise_equal(fused.v_proj(y), apart.v_proj(y), "v first")
         assert_bitwise_equal(fused.q_proj(y), apart.q_proj(y), "q")
         assert_bitwise_equal(fused.k_proj(y), apart.k_proj(y), "k")
         assert_bitwise_equal(fused.v_proj(y), apart.v_proj(y), "v")
         # N of each GEMM, fused and apart interleaved: v alone, (apart v), the stack, (apart q, k, v); k and v served
         assert [c[0] for c in calls[n:]] == [48, 48, 96, 32, 16, 48]
+        assert fused.q_proj._siblings._held is None and not fused.q_proj._siblings.apart
         # a member called twice takes its block twice; the group releases the output after as many calls as members
         fused.q_proj(y)
         assert_bitwise_equal(fused.k_proj(y), apart.k_proj(y), "k")
         assert_bitwise_equal(fused.k_proj(y), apart.k_proj(y), "k again")
         assert fused.q_proj._siblings._held is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_group_not_called_on_one_input_runs_apart_for_good(mode, monkeypatch, caplog):
+    """A cross-attention's pattern: q reads the decoder's states, k / v the encoder's (and later steps reuse cached
+    k / v, calling q alone). Each miss wastes the stacked GEMM's other blocks; after two in a row the group runs
+    apart (logged once), with the same outputs throughout. One miss (an interrupted forward) does not break it up."""
+    apart, fused = _probe_pair(mode)
+    group = fused.q_proj._siblings
+    dec, enc = torch.randn(4, D, dtype=torch.bfloat16), torch.randn(6, D, dtype=torch.bfloat16)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="astrai.extension"):
+        assert_bitwise_equal(fused.q_proj(dec), apart.q_proj(dec), "q")
+        assert_bitwise_equal(fused.k_proj(enc), apart.k_proj(enc), "k on another input")  # miss 1
+        assert_bitwise_equal(fused.v_proj(enc), apart.v_proj(enc), "v")
+        assert not group.apart
+        fused.q_proj(dec)  # a full round on one input clears the count
+        fused.k_proj(dec)
+        fused.v_proj(dec)
+        assert group._misses == 0 and not group.apart
+        fused.q_proj(dec)
+        fused.k_proj(enc)                                  # miss 1
+        assert_bitwise_equal(fused.q_proj(dec), apart.q_proj(dec), "q")  # the next step: stacked, held
+        assert_bitwise_equal(fused.q_proj(dec), apart.q_proj(dec), "q again")  # k / v cached, not called: miss 2
+        assert group.apart
+        calls = _count_gemms(monkeypatch)
+        for m, ref in zip((fused.q_proj, fused.k_proj, fused.v_proj), (apart.q_proj, apart.k_proj, apart.v_proj)):
+            assert_bitwise_equal(m(dec), ref(dec), "apart")
+    assert [c[0] for c in calls] == [32, 32, 16, 16, 48, 48]  # each member alone (and its unfused twin)
+    assert caplog.text.count("q_proj+k_proj+v_proj now run apart") == 1
+    assert "q_proj was called again before every member took its block" in caplog.text
 
 
 @pytest.mark.parametrize("mode", MODES)

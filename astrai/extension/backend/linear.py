@@ -263,10 +263,15 @@ class SiblingGroup:
     twice, and `state_dict` keeps each layer's own keys. The first member (the leader) runs the stacked GEMM when
     the model calls it and holds the output; a member called next with the same x (the same tensor, not modified
     since) returns its block of it, the last one releasing it; any other call runs the member alone on its own view
-    (the same contract; other bits where the stacked N plans differently). Traced code (torch.compile) runs every
-    member alone. After `.to()` or anything else that replaces a member's buffer, the leader stacks the buffers
-    again on its next eager call (not while a CUDA graph is being captured: members then run alone).
+    (the same contract; other bits where the stacked N plans differently). Where the model does not call them that
+    way (a cross-attention's k / v read the encoder's states, not its q's input; a member never called), twice in a
+    row, the group runs apart from then on (`apart`, logged), so the stacked GEMM's unused blocks are not computed
+    for nothing. Traced code (torch.compile) runs every member alone. After `.to()` or anything else that replaces a
+    member's buffer, the leader stacks the buffers again on its next eager call (not while a CUDA graph is being
+    captured: members then run alone).
     """
+
+    MAX_MISSES = 2
 
     def __init__(self, members, names):
         self.members, self.names = tuple(members), tuple(names)
@@ -278,6 +283,8 @@ class SiblingGroup:
         self._stacked = None  # (weight, weight_scale, bias or None) the members' buffers are views of
         self._views = None    # the members' buffer objects when stacked: a replaced one means stack again
         self._held = None     # [x, x's version, the stacked output, members served]
+        self._misses = 0      # calls in a row that did not go as one input for all (`_miss`)
+        self.apart = False    # set for good after MAX_MISSES such calls
         for m in self.members:
             m._siblings = self
 
@@ -327,9 +334,13 @@ class SiblingGroup:
 
     def forward(self, member: "QuantLinear", x: torch.Tensor):
         """`member`'s output through the stacked GEMM, or None: run it alone."""
-        if torch.compiler.is_compiling():
+        if self.apart or torch.compiler.is_compiling():
             return None
         if member is self.members[0]:
+            if self._held is not None:
+                self._miss(f"{self.names[0]} was called again before every member took its block")
+                if self.apart:
+                    return None
             stacked = self._current(x)
             if stacked is None:
                 return None
@@ -337,14 +348,28 @@ class SiblingGroup:
             self._held = [x, x._version, y, 1]
             return y[..., : self.bounds[0][1]]
         held = self._held
-        if held is None or held[0] is not x or held[1] != x._version:
+        if held is None:
             return None
-        lo, hi = self.bounds[self.members.index(member)]
+        i = self.members.index(member)
+        if held[0] is not x:
+            self._miss(f"{self.names[i]} was called with another input than {self.names[0]}'s")
+            return None
+        if held[1] != x._version:  # x changed in place since the leader's call: this member (and the next) alone
+            return None
+        lo, hi = self.bounds[i]
         held[3] += 1
         if held[3] == len(self.members):
-            self._held = None
+            self._held, self._misses = None, 0
         return held[2][..., lo:hi]
 
+    def _miss(self, why: str) -> None:
+        """The model does not call the members on one input (e.g. a cross-attention's k / v read another tensor than
+        its q): the stacked GEMM's other blocks were wasted. Twice in a row, the group runs apart for good (logged)."""
+        self._held = None
+        self._misses += 1
+        if self._misses >= self.MAX_MISSES:
+            self.apart = True
+            _logger.info("%s: %s now run apart (each layer alone): %s", FN, "+".join(self.names), why)
 
 
 def unsupported_reason(module: nn.Module, mode: str, *, empty: bool = False) -> str | None:
