@@ -3,12 +3,13 @@ attention's torch path. Covers: registration; greedy generation from a left-padd
 GQA Llama, a sliding-window Mistral and a head_dim 256 Gemma, with our attention really called in prefill (a
 [B, Lq, L] mask or causal) and decode; the calls we do not compute (soft-capping, dropout, float or per-head masks)
 sent to sdpa with their reason; quantized linears under a transformers model, their q / k / v and gate / up
-fused.
+fused (and a BART model's cross-attention groups breaking up).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -170,6 +171,30 @@ def test_fused_projections_generate_what_the_unfused_layers_do(kind, mode, monke
     assert n == 7 * TINY["num_hidden_layers"] and len(gemms) - n == 4 * TINY["num_hidden_layers"]
     assert torch.equal(got, want)  # the torch path computes a column alike whatever N
     assert torch.equal(_generate(fused, "astrai", ids, mask), _generate(apart, "astrai", ids, mask))
+
+
+def test_fused_projections_in_an_encoder_decoder_model(caplog):
+    """BART's cross-attention reads its k / v off the encoder's states (once; later steps take them from the cache),
+    not off its q's input: those groups break up (logged), the self-attention ones stay stacked, and greedy generation
+    equals the unfused layers'."""
+    config = transformers.BartConfig(vocab_size=128, d_model=64, encoder_layers=1, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
+                                     eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+    torch.manual_seed(0)
+    base = transformers.BartForConditionalGeneration(config).to(torch.bfloat16).eval()
+    apart = ae.quantize_linear_(copy.deepcopy(base), "w8a16")
+    fused = ae.quantize_linear_(copy.deepcopy(base), "w8a16", fuse=True)
+    ids = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="astrai.extension"):
+        got = fused.generate(input_ids=ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+        want = apart.generate(input_ids=ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    assert torch.equal(got, want)
+    for layer in fused.model.decoder.layers:
+        assert layer.encoder_attn.q_proj._siblings.apart
+        assert not layer.self_attn.q_proj._siblings.apart
+    assert not fused.model.encoder.layers[0].self_attn.q_proj._siblings.apart
+    assert caplog.text.count("q_proj+k_proj+v_proj now run apart") == config.decoder_layers
 
 
 @pytest.fixture
