@@ -20,6 +20,9 @@ part, the eager decode step's CUDA time by part against its wall time, and its h
 of two such layers in bf16 against fp8_autocast's recipes. Writes `$OUT/models.json` when OUT is set.
 
     PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick]     # from the repository root, on a GPU
+    PYTHONPATH=.:tests/bench python tests/bench/bench_models.py static      # decode through generate() with a
+        StaticCache, which transformers compiles itself (the graphed path a user has): hf, w8a16, w8a16-fused-rope at
+        batch 1, $OUT/models_static.json
 """
 
 from __future__ import annotations
@@ -152,6 +155,62 @@ def decode_graph(model, batch: int):
     torch.cuda.synchronize()
     seconds = start.elapsed_time(end) / 1e3 / replays
     return batch / seconds, graph.replay
+
+
+def decode_static_generate(model, batch: int) -> float:
+    """Decode tokens/s as a user gets a graphed decode: `model.generate` with a StaticCache, which transformers
+    compiles on its own (its default CompileConfig: torch.compile with CUDA graphs). The time of a generate of
+    2 x DECODE_STEPS new tokens less one of DECODE_STEPS (same prompt, same cache, reset): prefill and the first
+    calls' compilation fall out."""
+    from transformers import StaticCache
+    ids = torch.randint(1, 32000, (batch, PROMPT), device=DEVICE)
+    mask = torch.ones_like(ids)
+    cache = StaticCache(config=model.config, max_cache_len=PROMPT + 2 * DECODE_STEPS + 8)
+
+    def run(new_tokens: int) -> float:
+        cache.reset()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    with torch.inference_mode():
+        run(DECODE_STEPS)  # compile and record the graphs
+        run(2 * DECODE_STEPS)
+        short = statistics.median(run(DECODE_STEPS) for _ in range(3))
+        long = statistics.median(run(2 * DECODE_STEPS) for _ in range(3))
+    return batch * DECODE_STEPS / (long - short)
+
+
+def static_generate(setups=("hf", "w8a16", "w8a16-fused-rope"), batches=(1,)) -> list[dict]:
+    """`decode_static_generate` per setup (each compiles its model: ~a minute a setup; not in the default run)."""
+    import transformers
+
+    import astrai.integrations.transformers as astrai_hf
+    astrai_hf.register()
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA3_8B)).to(torch.bfloat16).eval()
+    rows = []
+    print("\ndecode tokens/s through generate(past_key_values=StaticCache(...)) (transformers compiles the step)")
+    for setup in setups:
+        model = build(setup, base)
+        for batch in batches:
+            row = {"setup": setup, "batch": batch}
+            try:
+                row["decode_static_generate"] = decode_static_generate(model, batch)
+                print(f"{setup:16} {batch:>3} | {row['decode_static_generate']:9.0f}", flush=True)
+            except Exception as exc:
+                row["decode_static_generate_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                print(f"{setup:16} {batch:>3} | failed: {row['decode_static_generate_error']}", flush=True)
+            rows.append(row)
+        del model
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    astrai_hf.unpatch_rotary()
+    return rows
 
 
 def kernel_parts(prof, runs: int) -> dict:
@@ -296,6 +355,12 @@ def main(argv: list[str]) -> int:
     import transformers
 
     import astrai.integrations.transformers as astrai_hf
+    if argv[:1] == ["static"]:  # only the user's graphed path (compiles every setup's model)
+        record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
+                  "decode_steps": DECODE_STEPS, "static_generate": static_generate()}
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "models_static.json").write_text(json.dumps(record, indent=1, default=str))
+        return 0
     quick = argv[:1] == ["quick"]
     batches = (1, 64) if quick else BATCHES
     astrai_hf.register()

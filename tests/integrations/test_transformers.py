@@ -146,9 +146,10 @@ def test_quantized_linears_under_a_transformers_model(mode):
     assert rel < {"w8a16": 0.03, "fp8": 0.1}[mode], rel
 
 
+@pytest.mark.parametrize("grad", ["no_grad", "inference_mode"])
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 @pytest.mark.parametrize("mode", ["w8a16", "w8a8", "fp8"])
-def test_fused_projections_generate_what_the_unfused_layers_do(kind, mode, monkeypatch):
+def test_fused_projections_generate_what_the_unfused_layers_do(kind, mode, grad, monkeypatch):
     """quantize_linear_(..., fuse=True) on a transformers model: every q / k / v and gate / up group stacked (4 GEMMs
     a layer instead of 7), the same logits and greedy tokens as the unfused layers on the torch path."""
     from astrai.extension.backend import linear as linear_backend
@@ -164,13 +165,17 @@ def test_fused_projections_generate_what_the_unfused_layers_do(kind, mode, monke
     gemms = []
     real = linear_backend.quant_gemm
     monkeypatch.setattr(linear_backend, "quant_gemm", lambda a, b, **kw: gemms.append(b.shape[0]) or real(a, b, **kw))
-    with torch.no_grad():
+    no_grad = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[grad]
+    with no_grad():
         want = apart(input_ids=ids, attention_mask=mask).logits
         n = len(gemms)
         got = fused(input_ids=ids, attention_mask=mask).logits
-    assert n == 7 * TINY["num_hidden_layers"] and len(gemms) - n == 4 * TINY["num_hidden_layers"]
-    assert torch.equal(got, want)  # the torch path computes a column alike whatever N
-    assert torch.equal(_generate(fused, "astrai", ids, mask), _generate(apart, "astrai", ids, mask))
+        assert n == 7 * TINY["num_hidden_layers"] and len(gemms) - n == 4 * TINY["num_hidden_layers"]
+        assert torch.equal(got, want)  # the torch path computes a column alike whatever N
+        fused.set_attn_implementation("astrai")
+        apart.set_attn_implementation("astrai")
+        got = fused.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+        assert torch.equal(got, apart.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False))
 
 
 def test_fused_projections_in_an_encoder_decoder_model(caplog):

@@ -87,15 +87,19 @@ def _count_gemms(monkeypatch) -> list:
     return calls
 
 
+NO_GRAD = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@pytest.mark.parametrize("grad", NO_GRAD)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_fused_layers_equal_the_separate_ones_with_one_gemm_a_group(mode, bias, monkeypatch):
+def test_fused_layers_equal_the_separate_ones_with_one_gemm_a_group(mode, bias, grad, monkeypatch):
     base = _model(bias=bias)
     apart = ae.quantize_linear_(copy.deepcopy(base), mode)
     fused = ae.quantize_linear_(copy.deepcopy(base), mode, fuse=True)
     x = torch.randn(3, 5, D, dtype=torch.bfloat16)
     calls = _count_gemms(monkeypatch)
-    with torch.no_grad():
+    with NO_GRAD[grad]():
         want = apart(x)
         n_apart = len(calls)
         got = fused(x)
@@ -243,6 +247,25 @@ def test_a_member_runs_alone_where_the_held_output_does_not_apply(mode, monkeypa
         assert_bitwise_equal(fused.k_proj(y), apart.k_proj(y), "k")
         assert_bitwise_equal(fused.k_proj(y), apart.k_proj(y), "k again")
         assert fused.q_proj._siblings._held is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_under_inference_mode_a_change_in_place_is_not_seen(mode):
+    """Inference tensors keep no version counter: the member returns its block of x as the leader read it (the
+    contract says so); a tensor made outside inference mode keeps its counter there and is still checked."""
+    apart, fused = _probe_pair(mode)
+    with torch.inference_mode():
+        x = torch.randn(5, D, dtype=torch.bfloat16)
+        before = x.clone()
+        fused.q_proj(x)
+        x.mul_(-2)
+        assert_bitwise_equal(fused.k_proj(x), apart.k_proj(before), "k: the block of x before the change")
+        assert_bitwise_equal(fused.v_proj(x), apart.v_proj(before), "v")
+    x = torch.randn(5, D, dtype=torch.bfloat16)  # a normal tensor, used under inference mode
+    with torch.inference_mode():
+        fused.q_proj(x)
+        x.mul_(-2)
+        assert_bitwise_equal(fused.k_proj(x), apart.k_proj(x), "k after a counted change")
 
 
 @pytest.mark.parametrize("mode", MODES)

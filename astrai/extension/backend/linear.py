@@ -262,7 +262,8 @@ class SiblingGroup:
     The members' `weight`, `weight_scale` and `bias` buffers are views of the stacked buffers: nothing is stored
     twice, and `state_dict` keeps each layer's own keys. The first member (the leader) runs the stacked GEMM when
     the model calls it and holds the output; a member called next with the same x (the same tensor, not modified
-    since) returns its block of it, the last one releasing it; any other call runs the member alone on its own view
+    since: its version counter; an inference tensor has none, so under torch.inference_mode a change of x in place
+    between the calls is not seen) returns its block of it, the last one releasing it; any other call runs the member alone on its own view
     (the same contract; other bits where the stacked N plans differently). Where the model does not call them that
     way (a cross-attention's k / v read the encoder's states, not its q's input; a member never called), twice in a
     row, the group runs apart from then on (`apart`, logged), so the stacked GEMM's unused blocks are not computed
@@ -345,7 +346,8 @@ class SiblingGroup:
             if stacked is None:
                 return None
             y = member._gemm(x, *stacked)
-            self._held = [x, x._version, y, 1]
+            # An inference tensor (made under torch.inference_mode) keeps no version counter: its identity only.
+            self._held = [x, -1 if x.is_inference() else x._version, y, 1]
             return y[..., : self.bounds[0][1]]
         held = self._held
         if held is None:
@@ -354,7 +356,7 @@ class SiblingGroup:
         if held[0] is not x:
             self._miss(f"{self.names[i]} was called with another input than {self.names[0]}'s")
             return None
-        if held[1] != x._version:  # x changed in place since the leader's call: this member (and the next) alone
+        if held[1] >= 0 and held[1] != x._version:  # x changed in place since the leader's call: this member alone
             return None
         lo, hi = self.bounds[i]
         held[3] += 1

@@ -215,6 +215,43 @@ def test_torch_compile_fullgraph_runs_our_kernels(monkeypatch):
     assert compiled <= 2 * eager + 1e-3, (compiled, eager)
 
 
+@pytest.mark.requires_cuda_kernels("gemm")
+@pytest.mark.requires_cuda_kernels("quantize")
+def test_static_cache_generate_compiles_and_runs_our_kernels():
+    """The graphed decode a user gets: `generate` with a StaticCache, which transformers compiles itself (its default
+    CompileConfig, CUDA graphs), on our attention, our rotary and w8a16 linears with stacked q / k / v and gate / up
+    (run apart under tracing): no fallback, two compiled runs give the same tokens, and the first new token (the
+    prefill's) equals the eager run's. The free-running agreement with eager generation is printed, not asserted:
+    the compiled graph fuses the norms and activations otherwise, and a random model's near-ties then break apart."""
+    from transformers import StaticCache
+    astrai_hf.register()
+    model = build("llama3-8b", fp32_head=True)
+    model.set_attn_implementation("astrai")
+    ids, mask = prompts()
+    ae.quantize_linear_(model, "w8a16", skip=["lm_head"], fuse=True)
+    astrai_hf.patch_rotary()
+    new = 32
+    try:
+        with torch.inference_mode():
+            eager = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                   do_sample=False)[:, ids.shape[1]:]
+            cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + new + 8)
+            assert model._valid_auto_compile_criteria({"past_key_values": cache}, model.generation_config)
+            _fallbacks.reset()
+            runs = []
+            for _ in range(2):  # the second call replays what the first compiled
+                cache.reset()
+                runs.append(model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                                           max_new_tokens=new, min_new_tokens=new, do_sample=False)[:, ids.shape[1]:])
+    finally:
+        astrai_hf.unpatch_rotary()
+    assert _fallbacks.snapshot()["reasons"] == [], "a call fell back to torch"
+    assert torch.equal(runs[0], runs[1]), "two compiled runs differ"
+    assert torch.equal(runs[0][:, 0], eager[:, 0]), "the prefill's token differs"
+    agreement = (runs[0] == eager).float().mean().item()
+    print(f"static-cache compiled generate vs eager: {agreement:.1%} of {eager.numel()} tokens equal")
+
+
 def test_continuous_batching_paged_astrai_matches_paged_sdpa(monkeypatch):
     """`generate_batch` (transformers' continuous batching) with attn_implementation="paged|astrai": every attention
     call on our packed kernels (no fallback), each within bf16 rounding of the torch backend on the same q / K / V
