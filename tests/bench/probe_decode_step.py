@@ -31,7 +31,8 @@ import torch  # noqa: E402
 
 import bench_models as bm  # noqa: E402
 
-# The step's GEMMs at batch 1 (N, K): q / o, k / v, gate / up, down, lm_head; then the stacked q+k+v and gate+up of quantize_linear_(..., fuse=True)
+# The step's GEMMs at batch 1 (N, K): q / o, k / v, gate / up, down, lm_head; then the stacked q+k+v and gate+up of
+# quantize_linear_(..., fuse=True).
 STEP_NK = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096), (6144, 4096), (28672, 4096))
 
 
@@ -157,7 +158,8 @@ def prewarm(shapes=((4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096)), f
         return norm_w * h.to(x.dtype)
 
     results = {"l2_bytes": l2}
-    print(f"\nprewarm: w8a16 M = 1 GEMM behind an RMSNorm, us a call (graph, weights rotated past the {l2 >> 20} MiB L2)")
+    print(f"\nprewarm: w8a16 M = 1 GEMM behind an RMSNorm, us a call (graph, weights rotated past the "
+          f"{l2 >> 20} MiB L2)")
     for n, k in shapes:
         sets = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
                 for _ in range(max(2, math.ceil(3 * l2 / (n * k))))]

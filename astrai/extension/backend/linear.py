@@ -263,13 +263,13 @@ class SiblingGroup:
     twice, and `state_dict` keeps each layer's own keys. The first member (the leader) runs the stacked GEMM when
     the model calls it and holds the output; a member called next with the same x (the same tensor, not modified
     since: its version counter; an inference tensor has none, so under torch.inference_mode a change of x in place
-    between the calls is not seen) returns its block of it, the last one releasing it; any other call runs the member alone on its own view
-    (the same contract; other bits where the stacked N plans differently). Where the model does not call them that
-    way (a cross-attention's k / v read the encoder's states, not its q's input; a member never called), twice in a
-    row, the group runs apart from then on (`apart`, logged), so the stacked GEMM's unused blocks are not computed
-    for nothing. Traced code (torch.compile) runs every member alone. After `.to()` or anything else that replaces a
-    member's buffer, the leader stacks the buffers again on its next eager call (not while a CUDA graph is being
-    captured: members then run alone).
+    between the calls is not seen) returns its block of it, the last one releasing it; any other call runs the
+    member alone on its own view (the same contract; other bits where the stacked N plans differently). Where the
+    model does not call them that way (a cross-attention's k / v read the encoder's states, not its q's input; a
+    member never called), twice in a row, the group runs apart from then on (`apart`, logged), so the stacked GEMM's
+    unused blocks are not computed for nothing. Traced code (torch.compile) runs every member alone. After `.to()`
+    or anything else that replaces a member's buffer, the leader stacks the buffers again on its next eager call
+    (not while a CUDA graph is being captured: members then run alone).
     """
 
     MAX_MISSES = 2

@@ -179,7 +179,8 @@ def test_quantized_linears_keep_the_logits(mode, fuse, monkeypatch):
     noise = masked_rel_error(want, truth, mask)
     kernels = masked_rel_error(got, ref, mask)
     rel = masked_rel_error(got, want, mask)
-    print(f"llama3-8b {mode} fuse={fuse}: logits relative error {rel:.4f} against bf16 linears; kernels vs torch paths {kernels:.4f}"
+    print(f"llama3-8b {mode} fuse={fuse}: logits relative error {rel:.4f} against bf16 linears; kernels vs torch "
+          f"paths {kernels:.4f}"
           f" (bf16 rounding of this model {noise:.4f})")
     if mode == "w8a16":  # bf16 activations: the two differ by summation order, like two bf16 implementations
         assert kernels <= 2 * noise + 1e-3, (kernels, noise)
