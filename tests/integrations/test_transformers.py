@@ -262,6 +262,26 @@ def test_torch_compile_fullgraph_matches_eager():
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_torch_compile_fullgraph_takes_the_stacked_gemms(kind, monkeypatch):
+    """quantize_linear_(..., fuse=True) traced whole: transformers' attention and MLP forwards pass the source rule
+    (`calls_on_one_input`), so the graph holds 4 GEMMs a layer, and its logits equal eager's."""
+    from astrai.extension.backend import linear as linear_backend
+    astrai_hf.register()
+    model = ae.quantize_linear_(_model(kind, torch.bfloat16), "w8a16", skip=["lm_head"], fuse=True)
+    model.set_attn_implementation("astrai")
+    layer = model.model.layers[0]
+    assert layer.self_attn.q_proj._siblings.traced_ok and layer.mlp.gate_proj._siblings.traced_ok
+    ids, mask = _batch()
+    gemms = []
+    real = linear_backend.quant_gemm
+    monkeypatch.setattr(linear_backend, "quant_gemm", lambda a, b, **kw: gemms.append(b.shape[0]) or real(a, b, **kw))
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, attention_mask=mask).logits
+        assert len(gemms) == 4 * TINY["num_hidden_layers"]  # counted while tracing: the graph's GEMMs
+        assert torch.equal(got, model(input_ids=ids, attention_mask=mask).logits)
+
+
 class _FakePagedCache:
     """Stands in for transformers' PagedAttentionCache: `update` returns the packed K / V of every sequence."""
 

@@ -298,13 +298,114 @@ def test_a_group_not_called_on_one_input_runs_apart_for_good(mode, monkeypatch, 
     assert "q_proj was called again before every member took its block" in caplog.text
 
 
+class _Mutating(torch.nn.Module):
+    """Changes its input in place between two members' calls: traced code cannot see that, so its group must not take
+    the stacked GEMM under torch.compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(D, 32, bias=False)
+        self.up_proj = torch.nn.Linear(D, 32, bias=False)
+
+    def forward(self, x):
+        g = self.gate_proj(x)
+        x.mul_(2)
+        return g * self.up_proj(x)
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_torch_compile_runs_members_alone_and_matches_eager(mode):
+def test_torch_compile_takes_the_stacked_gemm_where_the_source_allows(mode, monkeypatch):
+    """Traced code has no version counter: a group takes the stacked GEMM there only where its parent's forward calls
+    the members in order on one argument with nothing between that could change it (read from the source); the
+    compiled outputs equal eager's bitwise either way (the torch path computes a column alike whatever N)."""
     model = ae.quantize_linear_(_model(), mode, fuse=True)
+    assert model.layers[0].self_attn.q_proj._siblings.traced_ok and model.layers[0].mlp.up_proj._siblings.traced_ok
     x = torch.randn(2, 16, D, dtype=torch.bfloat16)
     compiled = torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True)
+    calls = _count_gemms(monkeypatch)
     with torch.no_grad():
-        assert_bitwise_equal(compiled(x), model(x), "compiled vs eager")
+        got = compiled(x)  # traced here: the count is the graph's GEMMs
+        assert [c[0] for c in calls] == [128, 64, 256, 64] * 2 + [96]
+        assert_bitwise_equal(got, model(x), "compiled vs eager")
+    torch.manual_seed(4)
+    block = ae.quantize_linear_(_Mutating().to(torch.bfloat16), mode, fuse=True)
+    assert block.gate_proj._siblings is not None and not block.gate_proj._siblings.traced_ok
+    compiled = torch.compile(copy.deepcopy(block), backend="aot_eager", fullgraph=True)
+    calls.clear()
+    with torch.no_grad():
+        got = compiled(x.clone())
+        assert [c[0] for c in calls] == [32, 32]  # each member alone
+        assert_bitwise_equal(got, block(x.clone()), "compiled vs eager, input changed in place")
+
+
+def _source_cases():
+    class Base(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def case(forward):
+        return type("Case", (Base,), {"forward": forward})()
+
+    def plain(self, x):
+        return self.a(x).view(2, -1).transpose(0, 1), self.b(x)
+
+    def activation(self, x):
+        return torch.relu(self.a(x)) * self.b(x)
+
+    def mutates(self, x):
+        y = self.a(x)
+        x.add_(1)
+        return y, self.b(x)
+
+    def passes_it_on(self, x):
+        y = self.a(x)
+        z = torch.sigmoid(x)
+        return y, self.b(x), z
+
+    def rebinds(self, x):
+        y = self.a(x)
+        x = x * 2
+        return y, self.b(x)
+
+    def two_inputs(self, x, h):
+        return self.a(x), self.b(h)
+
+    def reversed_order(self, x):
+        y = self.b(x)
+        return self.a(x), y
+
+    def twice(self, x):
+        return self.a(x), self.a(x), self.b(x)
+
+    def stores(self, x):
+        y = self.a(x)
+        self.cache = y
+        return y, self.b(x)
+
+    def keyword_out(self, x):
+        return torch.add(self.a(x), 1, out=self.a.weight), self.b(x)
+
+    def stores_item(self, x):
+        self.buf[0] = self.a(x)
+        return self.b(x)
+
+    def walrus(self, x):
+        y = self.a(x)
+        if (z := y.sum()) > 0:
+            pass
+        return y, self.b(x), z
+
+    expected = {plain: True, activation: True, mutates: False, passes_it_on: False, rebinds: False,
+                two_inputs: False, reversed_order: False, twice: False, stores: False, keyword_out: False,
+                stores_item: False, walrus: False}
+    return [(f.__name__, case(f), want) for f, want in expected.items()]
+
+
+@pytest.mark.parametrize("name, parent, want", _source_cases(), ids=[c[0] for c in _source_cases()])
+def test_the_source_rule_for_traced_code(name, parent, want):
+    assert backend.calls_on_one_input(parent, ("a", "b")) is want
+    assert backend.calls_on_one_input(torch.nn.Module(), ("a", "b")) is False  # nothing to read
 
 
 def test_groups_that_cannot_form_stay_apart_and_say_why(caplog):

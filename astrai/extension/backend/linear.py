@@ -23,8 +23,11 @@ The modules are for inference: they have no backward (an input that requires gra
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import inspect
 import logging
+import textwrap
 
 import torch
 from torch import nn
@@ -144,8 +147,9 @@ class QuantLinear(nn.Module):
     # are fixed; replacing or moving one changes its pointer), and the ops check every argument again in C++. The
     # same ops with the same arguments: the same bits. Traced code always takes the checked path.
     _fast_key = None
-    # The sibling group this layer is fused into (`quantize_linear_(..., fuse=...)`), or None.
+    # The sibling group this layer is fused into (`quantize_linear_(..., fuse=...)`) and its place there, or None.
     _siblings = None
+    _sibling_index = 0
 
     def _key(self, x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> tuple:
         return (x2.get_device(), x2.dtype, weight.data_ptr(), scale.data_ptr(), 0 if bias is None else bias.data_ptr())
@@ -267,15 +271,21 @@ class SiblingGroup:
     member alone on its own view (the same contract; other bits where the stacked N plans differently). Where the
     model does not call them that way (a cross-attention's k / v read the encoder's states, not its q's input; a
     member never called), twice in a row, the group runs apart from then on (`apart`, logged), so the stacked GEMM's
-    unused blocks are not computed for nothing. Traced code (torch.compile) runs every member alone. After `.to()`
-    or anything else that replaces a member's buffer, the leader stacks the buffers again on its next eager call
-    (not while a CUDA graph is being captured: members then run alone).
+    unused blocks are not computed for nothing. Traced code (torch.compile) takes the stacked GEMM only where the
+    parent's forward, read from its source, calls the members in order on one argument with nothing in between that
+    could change it (`traced_ok`: transformers' Llama / Gemma attention and MLP); elsewhere members run alone there.
+    After `.to()` or anything else that replaces a member's buffer, the leader stacks the buffers again on its next
+    eager call (not while a CUDA graph is being captured or traced: members then run alone).
     """
 
     MAX_MISSES = 2
 
-    def __init__(self, members, names):
+    def __init__(self, members, names, traced_ok: bool = False):
         self.members, self.names = tuple(members), tuple(names)
+        # Whether traced code (torch.compile) may take the stacked GEMM too: the parent's forward calls the members in
+        # order on one argument and touches nothing in between (`calls_on_one_input`, read from its source), since a
+        # trace has no version counter to see a change of x in place.
+        self.traced_ok = traced_ok
         ends, total = [], 0
         for m in self.members:
             total += m.out_features
@@ -286,8 +296,8 @@ class SiblingGroup:
         self._held = None     # [x, x's version, the stacked output, members served]
         self._misses = 0      # calls in a row that did not go as one input for all (`_miss`)
         self.apart = False    # set for good after MAX_MISSES such calls
-        for m in self.members:
-            m._siblings = self
+        for i, m in enumerate(self.members):
+            m._siblings, m._sibling_index = self, i
 
     def __getstate__(self):  # copies and pickles drop a held output (and the input it pins)
         state = dict(self.__dict__)
@@ -335,10 +345,13 @@ class SiblingGroup:
 
     def forward(self, member: "QuantLinear", x: torch.Tensor):
         """`member`'s output through the stacked GEMM, or None: run it alone."""
-        if self.apart or torch.compiler.is_compiling():
+        if self.apart:
+            return None
+        traced = torch.compiler.is_compiling()
+        if traced and not self.traced_ok:
             return None
         if member is self.members[0]:
-            if self._held is not None:
+            if self._held is not None and not traced:
                 self._miss(f"{self.names[0]} was called again before every member took its block")
                 if self.apart:
                     return None
@@ -346,15 +359,17 @@ class SiblingGroup:
             if stacked is None:
                 return None
             y = member._gemm(x, *stacked)
-            # An inference tensor (made under torch.inference_mode) keeps no version counter: its identity only.
-            self._held = [x, -1 if x.is_inference() else x._version, y, 1]
+            # An inference tensor (made under torch.inference_mode) keeps no version counter, and traced code has none
+            # to compare: identity only (traced code gets here only where the parent's source rules a change out).
+            self._held = [x, -1 if traced or x.is_inference() else x._version, y, 1]
             return y[..., : self.bounds[0][1]]
         held = self._held
         if held is None:
             return None
-        i = self.members.index(member)
+        i = member._sibling_index
         if held[0] is not x:
-            self._miss(f"{self.names[i]} was called with another input than {self.names[0]}'s")
+            if not traced:
+                self._miss(f"{self.names[i]} was called with another input than {self.names[0]}'s")
             return None
         if held[1] >= 0 and held[1] != x._version:  # x changed in place since the leader's call: this member alone
             return None
@@ -506,6 +521,74 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = Fa
     return model
 
 
+# Tensor methods that return a new tensor or view and change nothing: between two members' calls these may run.
+_PURE_METHODS = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten", "contiguous",
+                           "float", "half", "bfloat16", "to", "type_as", "chunk", "split", "unflatten"))
+
+
+def calls_on_one_input(parent: nn.Module, names: tuple) -> bool:
+    """Whether `type(parent).forward`'s source calls `self.<name>(<arg>)` once for each name, in this order, all on one
+    local name, with nothing between the first call and the last that could change that argument: the name not
+    used otherwise, no assignment but to a plain local, no augmented assignment, and no call but the members', pure
+    tensor methods (`_PURE_METHODS`) and functions of members' outputs (constant keywords only: an MLP's activation).
+    transformers' Llama, Mistral, Qwen2 and Gemma attention and MLP qualify. False where the source cannot be read."""
+    try:
+        fn = inspect.unwrap(type(parent).forward)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, AttributeError):
+        return False
+    body = tree.body[0] if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if body is None:
+        return False
+
+    def member_call(node):
+        f = getattr(node, "func", None)
+        return (isinstance(node, ast.Call) and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                and f.value.id == "self" and f.attr in names)
+
+    calls = [n for n in ast.walk(body) if member_call(n)]
+    if sorted(c.func.attr for c in calls) != sorted(names):
+        return False  # a member not called, or called twice
+    if any(len(c.args) != 1 or c.keywords or not isinstance(c.args[0], ast.Name) for c in calls):
+        return False
+    if len({c.args[0].id for c in calls}) != 1:
+        return False
+    arg = calls[0].args[0].id
+    position = {c.func.attr: (c.lineno, c.col_offset) for c in calls}
+    if [position[n] for n in names] != sorted(position.values()):
+        return False  # not called in the group's order
+    first = min(calls, key=lambda c: (c.lineno, c.col_offset))
+    first_end, last_start = (first.end_lineno, first.end_col_offset), max(position.values())
+    inside_members = {id(n) for c in calls for n in ast.walk(c)}
+
+    def between(node) -> bool:  # runs after the first member call and before the last (calls run after their args)
+        return (hasattr(node, "end_lineno") and (node.end_lineno, node.end_col_offset) >= first_end
+                and (node.lineno, node.col_offset) < last_start)
+
+    for node in ast.walk(body):
+        if not between(node) or id(node) in inside_members:
+            continue
+        if isinstance(node, ast.Name) and node.id == arg:
+            return False  # the argument used otherwise between the calls
+        if isinstance(node, (ast.AugAssign, ast.Delete, ast.Global, ast.Nonlocal, ast.NamedExpr)):
+            return False
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if not all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Starred, ast.Load, ast.Store))
+                       for t in targets for n in ast.walk(t)):
+                return False  # a store into an attribute or an item
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in _PURE_METHODS and not (
+                    isinstance(f.value, ast.Name) and f.value.id == "self"):
+                continue
+            if (node.args and all(any(member_call(n) for n in ast.walk(a)) for a in node.args)
+                    and all(isinstance(k.value, ast.Constant) for k in node.keywords)):
+                continue  # a function of members' outputs (an MLP's activation)
+            return False
+    return True
+
+
 def _fuse_groups(fuse) -> tuple:
     if fuse is True:
         return FUSE_GROUPS
@@ -548,12 +631,12 @@ def _fuse_siblings(model: nn.Module, groups: tuple, converted: dict, places: dic
             elif len({c.bias is None for c in children}) > 1:
                 why = "only some have a bias"
             else:
-                group = SiblingGroup(children, names)
+                group = SiblingGroup(children, names, traced_ok=calls_on_one_input(parent, names))
                 if group.stack():
                     formed[names] = formed.get(names, 0) + 1
                     continue
                 for c in children:
-                    c._siblings = None
+                    c._siblings, c._sibling_index = None, 0
                 why = "their buffers differ in device or dtype"
             _logger.info("%s: %s not fused: %s", FN, where, why)
     if formed:

@@ -221,7 +221,7 @@ def test_torch_compile_fullgraph_runs_our_kernels(monkeypatch):
 def test_static_cache_generate_compiles_and_runs_our_kernels():
     """The graphed decode a user gets: `generate` with a StaticCache, which transformers compiles itself (its default
     CompileConfig, CUDA graphs), on our attention, our rotary and w8a16 linears with stacked q / k / v and gate / up
-    (run apart under tracing): no fallback, two compiled runs give the same tokens, and the first new token (the
+    (traced as stacked GEMMs: transformers' Llama forwards pass the source rule): no fallback, two compiled runs give the same tokens, and the first new token (the
     prefill's) equals the eager run's. The free-running agreement with eager generation is printed, not asserted:
     the compiled graph fuses the norms and activations otherwise, and a random model's near-ties then break apart."""
     from transformers import StaticCache

@@ -165,10 +165,10 @@ class _Siblings(torch.nn.Module):
 @pytest.mark.parametrize("m", [1, 7, 300])
 @pytest.mark.parametrize("mode", MODES)
 def test_fused_siblings_on_the_kernels(mode, m):
-    """quantize_linear_(..., fuse=True) on the kernels: one GEMM a group (counted at the op), each member's block
-    against the float64 reference of its own buffers (the stacked N may plan otherwise than the member's, so not
-    bitwise against the unfused layers), no fallback, members' strided blocks taken by the next ops, and graph replay
-    bitwise against eager."""
+    """quantize_linear_(..., fuse=True) on the kernels: each member's block against the float64 reference of its own
+    buffers (the stacked N may plan otherwise than the member's, so not bitwise against the unfused layers), no
+    fallback, members' strided blocks taken by the next ops, graph replay bitwise against eager, and the compiled
+    forward (stacked GEMMs traced) within rounding of eager."""
     _skip_unserved(mode)
     torch.manual_seed(0)
     base = _Siblings().to(DEVICE, torch.bfloat16)
@@ -189,6 +189,11 @@ def test_fused_siblings_on_the_kernels(mode, m):
             assert (y.double() - r).abs().max().item() <= 2.0**-7 * r.abs().max().item() + 1e-3
         replay = GraphReplay(lambda: fused(x))
         assert_replay_matches_eager(replay, lambda: fused(x), lambda trial: x.normal_())
+        # traced (inductor): this forward passes the source rule, so the graph takes the stacked GEMMs too; inductor
+        # fuses the elementwise ops between them otherwise, so within rounding
+        assert fused.q_proj._siblings.traced_ok and fused.up_proj._siblings.traced_ok
+        compiled = torch.compile(fused, fullgraph=True)
+        assert _rel(compiled(x), fused(x)) < {"w8a16": 2.0**-7, "w8a8": 2.0**-6, "fp8": 0.04}[mode]
 
 
 def test_fused_siblings_move_to_the_gpu_and_stack_again():
