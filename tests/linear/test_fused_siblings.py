@@ -408,6 +408,19 @@ def test_the_source_rule_for_traced_code(name, parent, want):
     assert backend.calls_on_one_input(torch.nn.Module(), ("a", "b")) is False  # nothing to read
 
 
+def test_the_source_rule_reads_an_instance_level_forward():
+    parent = _source_cases()[0][1]  # a qualifying class
+    assert backend.calls_on_one_input(parent, ("a", "b"))
+
+    def patched(x):
+        y = parent.a(x)
+        x.add_(1)
+        return y, parent.b(x)
+
+    parent.forward = patched  # what runs now: not read as qualifying (not even the self.<name> form)
+    assert not backend.calls_on_one_input(parent, ("a", "b"))
+
+
 def test_groups_that_cannot_form_stay_apart_and_say_why(caplog):
     model = _model()
     model.layers[0].self_attn.k_proj = torch.nn.Linear(32, 32, bias=False).to(torch.bfloat16)  # other in_features

@@ -527,13 +527,14 @@ _PURE_METHODS = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze
 
 
 def calls_on_one_input(parent: nn.Module, names: tuple) -> bool:
-    """Whether `type(parent).forward`'s source calls `self.<name>(<arg>)` once for each name, in this order, all on one
+    """Whether `parent.forward`'s source (read when the group forms) calls `self.<name>(<arg>)` once for each name, in this order, all on one
     local name, with nothing between the first call and the last that could change that argument: the name not
     used otherwise, no assignment but to a plain local, no augmented assignment, and no call but the members', pure
     tensor methods (`_PURE_METHODS`) and functions of members' outputs (constant keywords only: an MLP's activation).
     transformers' Llama, Mistral, Qwen2 and Gemma attention and MLP qualify. False where the source cannot be read."""
     try:
-        fn = inspect.unwrap(type(parent).forward)
+        fn = parent.forward  # an instance-level forward (a patch, a hook's wrapper) is what runs: read that
+        fn = inspect.unwrap(getattr(fn, "__func__", fn))
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError, AttributeError):
         return False
