@@ -70,6 +70,18 @@ class OurBf16Linear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
+def base_model():
+    """The benchmark's model: Llama-3-8B-shaped, LAYERS layers, random weights (seed 0), bf16, on DEVICE; our attention
+    registered with transformers."""
+    import transformers
+
+    import astrai.integrations.transformers as astrai_hf
+    astrai_hf.register()
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA3_8B)).to(torch.bfloat16).eval()
+
+
 def build(setup: str, base):
     """The setup's model. `astrai_hf.patch_rotary()` is process-wide: this patches it for a "-rope" setup and
     unpatches it otherwise, so build each setup right before timing it (as `main` does)."""
@@ -186,13 +198,8 @@ def decode_static_generate(model, batch: int) -> float:
 
 def static_generate(setups=("hf", "w8a16", "w8a16-fused-rope"), batches=(1,)) -> list[dict]:
     """`decode_static_generate` per setup (each compiles its model: ~a minute a setup; not in the default run)."""
-    import transformers
-
     import astrai.integrations.transformers as astrai_hf
-    astrai_hf.register()
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA3_8B)).to(torch.bfloat16).eval()
+    base = base_model()
     rows = []
     print("\ndecode tokens/s through generate(past_key_values=StaticCache(...)) (transformers compiles the step)")
     for setup in setups:
@@ -363,10 +370,7 @@ def main(argv: list[str]) -> int:
         return 0
     quick = argv[:1] == ["quick"]
     batches = (1, 64) if quick else BATCHES
-    astrai_hf.register()
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA3_8B)).to(torch.bfloat16).eval()
+    base = base_model()
     record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
               "decode_steps": DECODE_STEPS, "transformers": transformers.__version__, "rows": []}
     print(f"Llama-3-8B-shaped, {LAYERS} layers, prompt {PROMPT}, {DECODE_STEPS} decode steps; tokens/s")

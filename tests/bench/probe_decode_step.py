@@ -75,13 +75,8 @@ def print_timeline(setup: str, rows: list[dict]) -> None:
 
 
 def timelines(setups=("hf", "w8a16", "w8a16-fused", "w8a16-fused-rope", "fp8")) -> dict:
-    import transformers
-
     import astrai.integrations.transformers as astrai_hf
-    astrai_hf.register()
-    torch.manual_seed(0)
-    with torch.device(bm.DEVICE):
-        base = transformers.LlamaForCausalLM(transformers.LlamaConfig(**bm.LLAMA3_8B)).to(torch.bfloat16).eval()
+    base = bm.base_model()
     out = {}
     for setup in setups:
         model = bm.build(setup, base)
