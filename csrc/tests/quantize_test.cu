@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "kernels/common/host/device_facts.h"
 #include "kernels/quantize/quantize.h"
 #include "kernels/quantize/quantize_transpose.cuh"
 #include "tests/test_utils.cuh"
@@ -676,6 +677,32 @@ bool check_reference_anchors() {
   return ok;
 }
 
+// resident_blocks_per_sm (the launchers' cached occupancy) against the runtime's answer, asked cold and again from the
+// cache, at two block sizes of one kernel (the block size is part of the key) and a second kernel.
+bool check_resident_cache() {
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<QuantIn::kBF16, QuantOut::kE4M3, true>),
+      reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<QuantIn::kF32, QuantOut::kE5M2, false>)};
+  bool ok = true;
+  for (const void* kernel : kernels) {
+    for (int threads : {quantize::kTransposeThreads, 64}) {
+      int want = -1;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&want, kernel, threads, 0) != cudaSuccess) return false;
+      for (int pass = 0; pass < 2; ++pass) {
+        int got = -1;
+        const cudaError_t status = resident_blocks_per_sm(kernel, threads, 0, &got);
+        if (status != cudaSuccess || got != want) {
+          std::printf("resident_blocks_per_sm %d threads, pass %d: %d (%s), want %d\n", threads, pass, got,
+                      cudaGetErrorString(status), want);
+          ok = false;
+        }
+      }
+    }
+  }
+  std::printf("resident blocks cache: %s\n", ok ? "PASS" : "FAIL");
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -685,6 +712,7 @@ int main(int argc, char** argv) {
   const uint64_t seed = opts.seed;
   print_test_banner("quantize_test", opts);
   const bool anchors_ok = check_reference_anchors();
+  const bool resident_ok = check_resident_cache();
   Rng rng(seed);
   const std::vector<Case> cases = make_cases(small);
   int failed = 0, index = 0;
@@ -707,5 +735,5 @@ int main(int argc, char** argv) {
   }
   const bool rejections_ok = check_rejections();
   std::printf("%d cases, %d failed (seed %" PRIu64 ")\n", index, failed, seed);
-  return (failed == 0 && rejections_ok && anchors_ok) ? 0 : 1;
+  return (failed == 0 && rejections_ok && anchors_ok && resident_ok) ? 0 : 1;
 }

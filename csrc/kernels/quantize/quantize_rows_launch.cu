@@ -48,8 +48,7 @@ cudaError_t plan_rows(const QuantizeParams& p, QuantizeLaunch* plan) {
     DeviceFacts facts{};
     ASTRAI_CUDA_TRY(current_device_facts(&facts));
     int resident = 0;
-    ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, reinterpret_cast<const void*>(kernel),
-                                                                  kRowsBlockThreads, 0));
+    ASTRAI_CUDA_TRY(resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kRowsBlockThreads, 0, &resident));
     if (resident > 0) grid = std::min<int64_t>(grid, int64_t(resident) * facts.sm_count);
   }
   *plan = QuantizeLaunch{QuantizeKernel::kRows, kVec, tpr, grid};

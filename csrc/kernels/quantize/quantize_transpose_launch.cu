@@ -49,8 +49,9 @@ cudaError_t plan_smem(const QuantizeParams& p, QuantizeLaunch* plan) {
   DeviceFacts facts{};
   ASTRAI_CUDA_TRY(current_device_facts(&facts));
   int resident = 0;
-  ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &resident, reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<kIn, kOut, kVec>), kTransposeThreads, 0));
+  ASTRAI_CUDA_TRY(resident_blocks_per_sm(
+      reinterpret_cast<const void*>(&quantize::quantize_transpose_kernel<kIn, kOut, kVec>), kTransposeThreads, 0,
+      &resident));
   if (resident > 0 && grid > int64_t(resident) * facts.sm_count) grid = int64_t(resident) * facts.sm_count;
   *plan = QuantizeLaunch{QuantizeKernel::kTransposeSmem, kVec, 0, grid};
   return cudaSuccess;
@@ -65,8 +66,8 @@ cudaError_t plan_regs(const QuantizeParams& p, bool persistent, QuantizeLaunch* 
     DeviceFacts facts{};
     ASTRAI_CUDA_TRY(current_device_facts(&facts));
     int resident = 0;
-    ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &resident, reinterpret_cast<const void*>(regs_kernel<kIn, kOut, kVec, kR>(p)), quantize::kRegThreads, 0));
+    ASTRAI_CUDA_TRY(resident_blocks_per_sm(reinterpret_cast<const void*>(regs_kernel<kIn, kOut, kVec, kR>(p)),
+                                           quantize::kRegThreads, 0, &resident));
     if (resident > 0 && grid > int64_t(resident) * facts.sm_count) grid = int64_t(resident) * facts.sm_count;
   }
   *plan = QuantizeLaunch{kR == 16 ? QuantizeKernel::kTransposeRegs16 : QuantizeKernel::kTransposeRegs8, kVec, 0, grid};

@@ -61,4 +61,41 @@ inline cudaError_t current_device_facts(DeviceFacts* facts) {
   return device_facts(device, facts);
 }
 
+// Blocks of `kernel` resident on one SM of the current device at `threads` threads and `smem_bytes` of dynamic
+// shared memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor), asked once per (kernel, threads, smem, device) and
+// kept for the process: the answer cannot change, and the query costs host time a launch does not need (the
+// quantize launchers plan persistent grids with it on every call). A full table (past kEntries distinct keys)
+// queries at each call.
+inline cudaError_t resident_blocks_per_sm(const void* kernel, int threads, size_t smem_bytes, int* blocks) {
+  struct Entry {
+    const void* kernel;
+    int threads;
+    size_t smem;
+    int device;
+    int blocks;
+  };
+  constexpr int kEntries = 128;
+  static Entry table[kEntries];
+  static int used = 0;
+  static std::mutex guard;
+  int device = 0;
+  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+  {
+    const std::lock_guard<std::mutex> lock(guard);
+    for (int i = 0; i < used; ++i) {
+      const Entry& e = table[i];
+      if (e.kernel == kernel && e.threads == threads && e.smem == smem_bytes && e.device == device) {
+        *blocks = e.blocks;
+        return cudaSuccess;
+      }
+    }
+  }
+  int found = 0;
+  ASTRAI_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&found, kernel, threads, smem_bytes));
+  const std::lock_guard<std::mutex> lock(guard);
+  if (used < kEntries) table[used++] = Entry{kernel, threads, smem_bytes, device, found};
+  *blocks = found;
+  return cudaSuccess;
+}
+
 }  // namespace astrai
