@@ -12,6 +12,7 @@
 
 #include "bindings/stable_helpers.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/l2_prefetch.h"
 
 namespace astrai {
 namespace {
@@ -321,6 +322,45 @@ std::string quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int
   return unsupported ? std::string(unsupported) : std::string();
 }
 
+// Row-major contiguous (sizes of 1 may have any stride): the tensor's bytes are one span from its data pointer.
+bool row_major_contiguous(const Tensor& t) {
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+constexpr const char* kOpPrefetch = "astrai.l2_prefetch";
+
+void check_prefetch(const Tensor& t, int64_t run, int64_t period) {
+  check(row_major_contiguous(t), kOpPrefetch, "t must be contiguous (its bytes one span), got strides ",
+        binding::strides_str(t), " for shape ", binding::shape_str(t), "; pass t.contiguous() or a view of the span");
+  check(period > 0 && period % 16 == 0, kOpPrefetch, "period must be a positive multiple of 16 bytes, got ", period);
+  check(run >= 0 && run <= period && run % 16 == 0, kOpPrefetch,
+        "run must be a multiple of 16 bytes in [0, period = ", period, "], got ", run);
+}
+
+// Asks the L2 for `run` bytes at the start of every `period` bytes of t (on t's device, current stream); changes
+// nothing, returns once the requests are issued.
+void l2_prefetch_cuda(const Tensor& t, int64_t run, int64_t period) {
+  check_prefetch(t, run, period);
+  if (t.numel() == 0 || run == 0) return;
+  const int32_t device = t.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device);
+  const cudaStream_t stream = binding::current_cuda_stream(kOpPrefetch, device);
+  binding::check_cuda_status(
+      gemm_l2_prefetch_launch(t.data_ptr(), t.numel() * t.element_size(), run, period, stream), kOpPrefetch,
+      "l2_prefetch (" + std::to_string(t.numel() * t.element_size()) + " bytes, run " + std::to_string(run) +
+          ", period " + std::to_string(period) + ", device=cuda:" + std::to_string(device) + ")");
+}
+
+void l2_prefetch_cpu(const Tensor& t, int64_t run, int64_t period) {
+  check_prefetch(t, run, period);
+  fail(kOpPrefetch, "t must be a CUDA tensor, got ", binding::device_name(t));
+}
+
 // The policy's programmatic-dependent-launch switch for every GEMM launch of this process; returns the previous one.
 bool quant_gemm_set_pdl(bool allowed) {
   const bool previous = gemm_pdl_allowed();
@@ -343,6 +383,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(astrai, m) {
       "quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int layout, int recipe, int split_k, int m, "
       "int n, int batch, int cc, bool sm90_code, int fp8_code_arch) -> str");
   m.def("quant_gemm_set_pdl(bool allowed) -> bool");
+  m.def("l2_prefetch(Tensor t, int run, int period) -> ()");
 }
 
 // No tensor arguments: one kernel for every backend.
@@ -354,9 +395,11 @@ STABLE_TORCH_LIBRARY_IMPL(astrai, CompositeExplicitAutograd, m) {
 STABLE_TORCH_LIBRARY_IMPL(astrai, CUDA, m) {
   m.impl("quant_gemm", TORCH_BOX(&astrai::quant_gemm_cuda));
   m.impl("quant_gemm_out", TORCH_BOX(&astrai::quant_gemm_out_cuda));
+  m.impl("l2_prefetch", TORCH_BOX(&astrai::l2_prefetch_cuda));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(astrai, CPU, m) {
   m.impl("quant_gemm", TORCH_BOX(&astrai::quant_gemm_cpu));
   m.impl("quant_gemm_out", TORCH_BOX(&astrai::quant_gemm_out_cpu));
+  m.impl("l2_prefetch", TORCH_BOX(&astrai::l2_prefetch_cpu));
 }

@@ -9,6 +9,9 @@ initialised from the real configuration (nothing is downloaded), under four setu
   w8a16-fused, fp8-fused   the same with fuse=True: q / k / v and gate / up stacked, one GEMM each (4 a layer, not 7)
   w8a16-fused-rope, fp8-fused-rope   and the rotary embedding on our kernel (astrai_hf.patch_rotary(); transformers'
            own apply_rotary_pos_emb is ~10 elementwise kernels a layer at batch 1)
+  w8a16-fused-rope-prefetch   and, after each quantized GEMM, a side stream asking the L2 for the next GEMM's
+           weight (`ops.gemm.l2_prefetch`, up to half the L2 of it; `WeightPrefetch` below, bench-only wiring of an
+           experiment) while the norms, rotary and attention run; joined before that GEMM
 
 Per setup and batch (1, 8, 64): prefill tokens/s (one forward over `PROMPT` tokens a sequence, DynamicCache) and
 decode tokens/s, each two ways: eager (what `model(...)` costs as written, host included) and graphed (a StaticCache
@@ -51,7 +54,8 @@ BATCHES = (1, 8, 64)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                  head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5, vocab_size=128256, num_hidden_layers=LAYERS,
                  max_position_embeddings=8192, pad_token_id=0)
-SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8", "w8a16-fused", "fp8-fused", "w8a16-fused-rope", "fp8-fused-rope")
+SETUPS = ("hf", "bf16", "w16a16", "w8a16", "fp8", "w8a16-fused", "fp8-fused", "w8a16-fused-rope", "fp8-fused-rope",
+          "w8a16-fused-rope-prefetch")
 # Kernel-name fragments of each part of a decode step (lower case); anything else is "rest".
 ATTENTION_KERNELS = ("attn", "flash", "fmha", "sdpa", "softmax", "attention")
 GEMM_KERNELS = ("gemm", "gemv", "cutlass", "xmma", "nvjet", "quant_gemm", "splitk", "sm90_", "sm80_")
@@ -70,6 +74,79 @@ class OurBf16Linear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
+class WeightPrefetch:
+    """Bench-only wiring of `ops.gemm.l2_prefetch` into the quantized linears (process-wide while installed): the
+    first forward after `install()` records the order in which the GEMMs read their weights (a fused group's stacked
+    buffer once); from then on, right after each GEMM a side stream asks the L2 for the next weight in that order
+    (whole, or the first `run` bytes of every 4 KB so that at most `share` of the L2 is asked for), and the main
+    stream joins the side stream before that next GEMM (CUDA graphs need every fork joined; the request kernel ends
+    once its requests are out, so the join waits for little). The last GEMM of a forward prefetches nothing (its
+    successor is the next forward's first, outside a captured step)."""
+
+    def __init__(self, share: float = 0.5):
+        self.share, self.order, self.recording, self.side, self.original = share, [], True, None, None
+        self.pending = False  # a prefetch issued and not yet joined (only joined then: no wait on an event that
+        #                       was recorded outside a capture in progress)
+
+    def install(self) -> None:
+        from astrai.extension.backend import linear as lin
+        if self.original is not None:
+            return
+        self.original, self.side = lin.QuantLinear._gemm, torch.cuda.Stream()
+        l2 = gpu_timing.l2_bytes()
+        this = self
+
+        def _gemm(module, x, weight, scale, bias):
+            if torch.compiler.is_compiling():
+                return this.original(module, x, weight, scale, bias)
+            main = torch.cuda.current_stream()
+            if this.pending:  # the prefetch issued after the previous GEMM
+                main.wait_stream(this.side)
+                this.pending = False
+            y = this.original(module, x, weight, scale, bias)
+            key = weight.data_ptr()
+            if this.recording:
+                if this.order and this.order[0][0] == key:  # the second forward began: the order is known
+                    this.recording = False
+                else:
+                    this.order.append((key, weight))
+                    return y
+            index = next((i for i, (k, _) in enumerate(this.order) if k == key), None)
+            if index is None or index + 1 >= len(this.order):
+                return y
+            nxt = this.order[index + 1][1]
+            nbytes = nxt.numel() * nxt.element_size()
+            fraction = min(1.0, this.share * l2 / max(nbytes, 1))
+            run = 4096 if fraction >= 1.0 else max(16, int(4096 * fraction) // 16 * 16)
+            this.side.wait_stream(main)
+            with torch.cuda.stream(this.side):
+                from astrai.extension.ops import gemm as ops_gemm
+                ops_gemm.l2_prefetch(nxt, run=run, period=4096)
+            this.pending = True
+            return y
+
+        lin.QuantLinear._gemm = _gemm
+
+    def uninstall(self) -> None:
+        from astrai.extension.backend import linear as lin
+        if self.original is not None:
+            lin.QuantLinear._gemm = self.original
+            self.original = None
+
+
+_prefetch: WeightPrefetch | None = None
+
+
+def reset_patches() -> None:
+    """Undo what `build` patched process-wide (our rotary, the weight prefetch)."""
+    global _prefetch
+    import astrai.integrations.transformers as astrai_hf
+    astrai_hf.unpatch_rotary()
+    if _prefetch is not None:
+        _prefetch.uninstall()
+        _prefetch = None
+
+
 def base_model():
     """The benchmark's model: Llama-3-8B-shaped, LAYERS layers, random weights (seed 0), bf16, on DEVICE; our attention
     registered with transformers."""
@@ -83,15 +160,19 @@ def base_model():
 
 
 def build(setup: str, base):
-    """The setup's model. `astrai_hf.patch_rotary()` is process-wide: this patches it for a "-rope" setup and
-    unpatches it otherwise, so build each setup right before timing it (as `main` does)."""
+    """The setup's model. `astrai_hf.patch_rotary()` and the weight prefetch are process-wide: this installs them for a
+    "-rope" / "-prefetch" setup and removes them otherwise, so build each setup right before timing it (as `main`
+    does; `reset_patches()` after the last)."""
     import astrai.extension as ae
     import astrai.integrations.transformers as astrai_hf
+    global _prefetch
     mode, *features = setup.split("-")
+    reset_patches()
     if "rope" in features:
         astrai_hf.patch_rotary()
-    else:
-        astrai_hf.unpatch_rotary()
+    if "prefetch" in features:
+        _prefetch = WeightPrefetch()
+        _prefetch.install()
     model = copy.deepcopy(base)
     model.set_attn_implementation("sdpa" if setup == "hf" else "astrai")
     if mode in ("w8a16", "fp8"):
@@ -198,7 +279,6 @@ def decode_static_generate(model, batch: int) -> float:
 
 def static_generate(setups=("hf", "w8a16", "w8a16-fused-rope"), batches=(1,)) -> list[dict]:
     """`decode_static_generate` per setup (each compiles its model: ~a minute a setup; not in the default run)."""
-    import astrai.integrations.transformers as astrai_hf
     base = base_model()
     rows = []
     print("\ndecode tokens/s through generate(past_key_values=StaticCache(...)) (transformers compiles the step)")
@@ -216,7 +296,7 @@ def static_generate(setups=("hf", "w8a16", "w8a16-fused-rope"), batches=(1,)) ->
         del model
         torch._dynamo.reset()
         torch.cuda.empty_cache()
-    astrai_hf.unpatch_rotary()
+    reset_patches()
     return rows
 
 
@@ -361,7 +441,6 @@ def training_steps(layers: int = 2, batch: int = 4, seq: int = 1024) -> dict:
 def main(argv: list[str]) -> int:
     import transformers
 
-    import astrai.integrations.transformers as astrai_hf
     if argv[:1] == ["static"]:  # only the user's graphed path (compiles every setup's model)
         record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
                   "decode_steps": DECODE_STEPS, "static_generate": static_generate()}
@@ -408,7 +487,7 @@ def main(argv: list[str]) -> int:
             print(f"{setup:16} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
         del model
         torch.cuda.empty_cache()
-    astrai_hf.unpatch_rotary()
+    reset_patches()
     base_rows = {r["batch"]: r for r in record["rows"] if r["setup"] == "hf"}
     # hf's own best decode (eager or graphed: at batch 64 transformers' graphed sdpa step has run slower than its
     # eager one) is the fair baseline for our graphed decode; both are printed.

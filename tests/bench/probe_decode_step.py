@@ -12,6 +12,11 @@ by kernel, and what the step's GEMM shapes and attention call could cost on thei
      RMSNorm (seven small kernels, DRAM idle), weights rotated past the L2, timed as one graph a call: as it runs in
      a model, and with a second stream reading the first part of each weight row into L2 while the norm runs (a
      stand-in for a prefetch op we do not have), and with that read on the main stream (serial, no overlap).
+     Then the same GEMM behind an idle gap of 5, 10 and 20 us (`torch.cuda._sleep` on one SM: the time a decode
+     step's norms, rotary, cache write and attention leave DRAM idle between two GEMMs), alone and with the second
+     stream reading as much of the weight as fits in 60% of the L2 during the gap (a torch amax, and the
+     `ops.gemm.l2_prefetch` op, which only asks the L2 for the lines): what a prefetch of the next GEMM's weights
+     during the rest of the step would be worth (the whole "rest" is ~480 us of a 1500 us step).
 
     PYTHONPATH=.:tests/bench python tests/bench/probe_decode_step.py [timeline] [plans] [attention] [prewarm]
 Writes `$OUT/decode_step.json` when OUT is set.
@@ -74,8 +79,7 @@ def print_timeline(setup: str, rows: list[dict]) -> None:
         print(f"    {sum(us):8.1f} {len(us):4d}  {name}")
 
 
-def timelines(setups=("hf", "w8a16", "w8a16-fused", "w8a16-fused-rope", "fp8")) -> dict:
-    import astrai.integrations.transformers as astrai_hf
+def timelines(setups=("hf", "w8a16", "w8a16-fused", "w8a16-fused-rope", "w8a16-fused-rope-prefetch", "fp8")) -> dict:
     base = bm.base_model()
     out = {}
     for setup in setups:
@@ -87,7 +91,7 @@ def timelines(setups=("hf", "w8a16", "w8a16-fused", "w8a16-fused-rope", "fp8")) 
         print_timeline(setup, rows)
         del model, replay
         torch.cuda.empty_cache()
-    astrai_hf.unpatch_rotary()
+    bm.reset_patches()
     return out
 
 
@@ -152,7 +156,18 @@ def prewarm(shapes=((4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096)), f
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
         return norm_w * h.to(x.dtype)
 
-    results = {"l2_bytes": l2}
+    # torch.cuda._sleep spins for clock cycles: its rate on this GPU, from one timed call.
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_us = 2_000_000 / (start.elapsed_time(end) * 1e3)
+    from astrai.extension.ops import gemm as ops_gemm
+    ops_gemm.load()
+    prefetch_op = hasattr(torch.ops.astrai, "l2_prefetch")  # an image older than the op: the amax cases only
+    results = {"l2_bytes": l2, "sleep_cycles_per_us": cycles_per_us, "l2_prefetch_op": prefetch_op}
     print(f"\nprewarm: w8a16 M = 1 GEMM behind an RMSNorm, us a call (graph, weights rotated past the "
           f"{l2 >> 20} MiB L2)")
     for n, k in shapes:
@@ -181,6 +196,33 @@ def prewarm(shapes=((4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096)), f
             cols = min(k, int(k * fraction) // 64 * 64, int(0.6 * l2 / n) // 64 * 64)
             if cols >= 64:
                 cases[f"side read {cols}/{k} of each row during the norm"] = side_read(cols)
+
+        def gap_then_gemm(gap_us, cols, op=None):
+            def step(w):
+                main = torch.cuda.current_stream()
+                if cols or op:
+                    reader.wait_stream(main)
+                    with torch.cuda.stream(reader):
+                        if op:  # the prefetch op: (run, period) bytes of the weight
+                            ops_gemm.l2_prefetch(w, run=op[0], period=op[1])
+                        else:
+                            w.view(torch.int32)[:, : cols // 4].amax()
+                torch.cuda._sleep(int(gap_us * cycles_per_us))  # DRAM idle on the main stream
+                if cols or op:
+                    main.wait_stream(reader)  # joined before the GEMM, as the linears would (graphs need it)
+                return gemm(x0, w)
+            return step
+
+        most = min(k, int(0.6 * l2 / n) // 64 * 64)
+        # The op's pattern for the same share: the first `run` of every 4 KB (uniform over the GEMM's CTAs).
+        share = min(1.0, 0.6 * l2 / (n * k))
+        op_pattern = (4096, 4096) if share >= 1.0 else (max(16, int(4096 * share) // 16 * 16), 4096)
+        for gap_us in (5, 10, 20):
+            cases[f"gap {gap_us} us + gemm"] = gap_then_gemm(gap_us, 0)
+            cases[f"gap {gap_us} us with a side read of {most}/{k} of each row + gemm"] = gap_then_gemm(gap_us, most)
+            if prefetch_op:
+                cases[f"gap {gap_us} us with l2_prefetch {op_pattern[0]}/{op_pattern[1]} + gemm"] = gap_then_gemm(
+                    gap_us, 0, op_pattern)
         shape = {}
         for name, step in cases.items():
             try:

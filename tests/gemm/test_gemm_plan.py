@@ -26,6 +26,7 @@ CONTRACT_SCHEMAS = {
         "quant_gemm_can_implement(ScalarType a_dtype, ScalarType b_dtype, int layout, int recipe, int split_k, int m,"
         " int n, int batch, int cc, bool sm90_code, int fp8_code_arch) -> str",
     "quant_gemm_set_pdl": "quant_gemm_set_pdl(bool allowed) -> bool",
+    "l2_prefetch": "l2_prefetch(Tensor t, int run, int period) -> ()",
 }
 
 # (M, N, K, num_sms) -> (recipe, split_k): the rules of ops.gemm.builtin_plan worked by hand.

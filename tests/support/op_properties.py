@@ -37,6 +37,7 @@ BATCH_INVARIANT: dict[str, tuple[bool, str]] = {
     "quant_gemm_planned_out": (False, "as quant_gemm_planned"),
     "quant_gemm_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "quant_gemm_set_pdl": (True, "takes no tensors: sets a launch switch that changes no bits"),
+    "l2_prefetch": (True, "computes nothing: asks the L2 for a tensor's bytes and changes no tensor"),
     "attn_can_implement": (True, "takes no tensors: a reason string from its arguments alone"),
     "attn_plan": (True, "takes no tensors: a plan from its arguments and the policy's switches"),
     "attn_device_facts": (True, "takes no tensors: the device's facts"),

@@ -303,7 +303,12 @@ def _fake_quant_gemm_out(a, b, a_scale, b_scale, bias, layout, recipe, split_k, 
     return None
 
 
-_FAKES = {"astrai::quant_gemm": _fake_quant_gemm, "astrai::quant_gemm_out": _fake_quant_gemm_out}
+def _fake_l2_prefetch(t, run, period):
+    return None
+
+
+_FAKES = {"astrai::quant_gemm": _fake_quant_gemm, "astrai::quant_gemm_out": _fake_quant_gemm_out,
+          "astrai::l2_prefetch": _fake_l2_prefetch}
 
 
 @torch.compiler.assume_constant_result  # traced code calls it at trace time, once, and keeps the result
@@ -741,6 +746,40 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
         return torch.ops.astrai.quant_gemm(a, b, a_scale, b_scale, bias, out_dtype, code, recipe, split_k)
     torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, code, recipe, split_k, out)
     return out
+
+
+def l2_prefetch(t: torch.Tensor, *, run: int | None = None, period: int | None = None) -> None:
+    """Ask the L2 to fetch t's bytes ahead of a kernel that reads them: `torch.ops.astrai.l2_prefetch`. An
+    experiment for the batch-1 decode step (docs/benchmarks.md, twenty-ninth session): issued on a side stream after
+    one GEMM, it fills the L2 with the next GEMM's weights while the kernels between them leave DRAM idle.
+
+    Parameters
+    ----------
+    t : Tensor
+        A contiguous CUDA tensor (its bytes one span); nothing in it changes.
+    run, period : int, optional
+        Bytes, together, multiples of 16 with 0 <= run <= period: fetch `run` bytes at the start of every `period`
+        bytes of t (e.g. the first quarter of each 4 KB: `run=1024, period=4096`). Neither: all of t.
+
+    Returns once the requests are issued on the current stream (sm_90+: `cp.async.bulk.prefetch.L2`, below:
+    `prefetch.global.L2` a line); the lines arrive after it, and the hardware may drop requests (a hint). The
+    16-byte-aligned bytes inside t only. Eager code and CUDA graphs; not under torch.compile (an op with no
+    output, which a compiled graph would drop).
+
+    Example
+    -------
+    >>> side = torch.cuda.Stream()
+    >>> side.wait_stream(torch.cuda.current_stream())          # after the GEMM before it
+    >>> with torch.cuda.stream(side):
+    ...     l2_prefetch(next_weight)
+    """
+    load()
+    if (run is None) != (period is None):
+        raise ValueError(f"l2_prefetch: pass run and period together (bytes), or neither (all of t); got run={run!r}, "
+                         f"period={period!r}")
+    if run is None:
+        run = period = 4096
+    torch.ops.astrai.l2_prefetch(t, int(run), int(period))
 
 
 # Traced code (torch.compile) plans when the compiled code runs, not when it is traced: the plan depends on the
