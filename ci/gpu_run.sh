@@ -28,10 +28,12 @@
 #   default: info cu-tests sanitize test-gpu bench bench-gate dashboard test-gpu-ptx80 test-gpu-ptx89
 #   also:    golden (regenerate tests/golden/ for this image and GPU: explicit only, never by default)
 #            models (tests/bench/bench_models.py: a Llama-3-8B-shaped model end to end against transformers + sdpa
-#            + cuBLAS, $OUT/models.json; not gated; 53 s on the H200 (2026-12-05): explicit only)
+#            + cuBLAS, $OUT/models.json; not gated; 53 s on the H200 for five setups (2026-12-05): explicit only;
+#            MODELS_ARGS="--setups=a,b --batches=1" a subset, models.json rewritten after every row)
 #            decode-probe (tests/bench/probe_decode_step.py: that model's graphed batch-1 decode step kernel by kernel,
 #            the chain's plans against every plan on the step's M = 1 GEMM shapes, the attention call at each KV split,
-#            an L2 pre-warm experiment; $OUT/decode_step.json; not gated; explicit only)
+#            an L2 pre-warm experiment; $OUT/decode_step.json; not gated; explicit only; PROBE_PARTS="prewarm ..."
+#            picks parts and their order, the JSON rewritten after each)
 #            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release;
 #            skips with the reason when the image's toolkit or arches differ from the recorded digest's)
 # Time: BUDGET_S (default 560) for the whole call; a tier that would start past it is skipped, and each tier
@@ -165,11 +167,16 @@ for tier in "${tiers[@]}"; do
     models)
       # End to end, not gated (docs/benchmarks.md "Models end to end"): tokens/s per setup and batch, the decode
       # step's parts, the batch-1 eager prefill's parts and decode host profile, an fp8 training step.
-      run_tier models env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/bench_models.py
+      # MODELS_ARGS (e.g. "--setups=hf,w8a16-fused-rope --batches=1") times a subset first; models.json is rewritten
+      # after every row, so a tier cut off by its limit keeps what it timed.
+      # shellcheck disable=SC2086
+      run_tier models env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/bench_models.py ${MODELS_ARGS:-}
       detail[models]=$([ -f "$OUT/models.json" ] && echo "$OUT/models.json" || echo "no models.json") ;;
     decode-probe)
       # Where a batch-1 decode step's time goes (docs/benchmarks.md "Models end to end"), not gated.
-      run_tier decode-probe env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/probe_decode_step.py
+      # PROBE_PARTS (e.g. "prewarm timeline") runs those parts in that order; the JSON is rewritten after each part.
+      # shellcheck disable=SC2086
+      run_tier decode-probe env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/probe_decode_step.py ${PROBE_PARTS:-}
       detail[decode-probe]=$([ -f "$OUT/decode_step.json" ] && echo "$OUT/decode_step.json" || echo "no decode_step.json") ;;
     golden)
       # Explicit only: digests for the native image and each test-only PTX image present, written into the tree

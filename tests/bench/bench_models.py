@@ -22,7 +22,8 @@ part, the eager decode step's CUDA time by part against its wall time, and its h
 (cProfile); last, one training step (forward and backward)
 of two such layers in bf16 against fp8_autocast's recipes. Writes `$OUT/models.json` when OUT is set.
 
-    PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick]     # from the repository root, on a GPU
+    PYTHONPATH=.:tests/bench python tests/bench/bench_models.py [quick] [--setups=hf,w8a16,...] [--batches=1,8]
+        # from the repository root, on a GPU; models.json is rewritten after every row ("complete": false until the end)
     PYTHONPATH=.:tests/bench python tests/bench/bench_models.py static      # decode through generate() with a
         StaticCache, which transformers compiles itself (the graphed path a user has): hf, w8a16, w8a16-fused-rope at
         batch 1, $OUT/models_static.json
@@ -449,13 +450,23 @@ def main(argv: list[str]) -> int:
         return 0
     quick = argv[:1] == ["quick"]
     batches = (1, 64) if quick else BATCHES
+    setups = SETUPS
+    for arg in argv:  # --setups=a,b (in that order) and --batches=1,8: a subset first, under a device call's limit
+        if arg.startswith("--setups="):
+            setups = tuple(arg.split("=", 1)[1].split(","))
+            unknown = [x for x in setups if x not in SETUPS]
+            if unknown:
+                raise SystemExit(f"bench_models: unknown setups {unknown}; known: {', '.join(SETUPS)}")
+        elif arg.startswith("--batches="):
+            batches = tuple(int(b) for b in arg.split("=", 1)[1].split(","))
+    out = os.environ.get("OUT")
     base = base_model()
     record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
-              "decode_steps": DECODE_STEPS, "transformers": transformers.__version__, "rows": []}
+              "decode_steps": DECODE_STEPS, "transformers": transformers.__version__, "rows": [], "complete": False}
     print(f"Llama-3-8B-shaped, {LAYERS} layers, prompt {PROMPT}, {DECODE_STEPS} decode steps; tokens/s")
     print(f"{'setup':16} {'B':>3} | {'prefill':>9} {'decode eager':>12} {'decode graph':>12}")
     breakdowns = {}
-    for setup in SETUPS:
+    for setup in setups:
         model = build(setup, base)
         for batch in batches:
             row = {"setup": setup, "batch": batch}
@@ -485,6 +496,8 @@ def main(argv: list[str]) -> int:
                      for k, w in (("prefill", 9), ("decode_eager", 12), ("decode_graph", 12))]
             errors = "".join(f"  [{k}: {v}]" for k, v in row.items() if k.endswith("error"))
             print(f"{setup:16} {batch:>3} | {' '.join(cells)}{errors}", flush=True)
+            if out:  # after every row: a call cut off by its time limit still leaves the rows it timed
+                Path(out, "models.json").write_text(json.dumps(record, indent=1, default=str))
         del model
         torch.cuda.empty_cache()
     reset_patches()
@@ -523,7 +536,7 @@ def main(argv: list[str]) -> int:
         if r.get("host_top"):
             print(f"{r['setup']}: " + "; ".join(f"{n} {us:.0f} ({calls:g})" for n, us, calls in r["host_top"][:8]))
     record["training"] = training_steps()
-    out = os.environ.get("OUT")
+    record["complete"] = True
     if out:
         Path(out, "models.json").write_text(json.dumps(record, indent=1, default=str))
     return 0

@@ -246,6 +246,7 @@ def _graph_us(fn, calls: int = 50, replays: int = 20) -> float:
 def main(argv: list[str]) -> int:
     parts = argv or ["timeline", "plans", "attention", "prewarm"]
     record = {"environment": bm.gpu_timing.environment()}
+    out = os.environ.get("OUT")
     for part in parts:
         try:
             record[part] = {"timeline": timelines, "plans": plans, "attention": attention, "prewarm": prewarm}[part]()
@@ -253,10 +254,11 @@ def main(argv: list[str]) -> int:
             import traceback
             traceback.print_exc(limit=4)
             record[part + "_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        # After every part that ran (a call cut off by its time limit keeps them); nothing ran (no GPU): no JSON,
+        # so the tier reports it.
+        if out and any(p in record for p in parts):
+            Path(out, "decode_step.json").write_text(json.dumps(record, indent=1, default=str))
     failed = [key for key in record if key.endswith("_error")]
-    out = os.environ.get("OUT")
-    if out and len(failed) < len(parts):  # nothing ran (no GPU): no JSON, so the tier reports it
-        Path(out, "decode_step.json").write_text(json.dumps(record, indent=1, default=str))
     return 1 if failed else 0
 
 
