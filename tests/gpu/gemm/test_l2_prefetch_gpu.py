@@ -87,3 +87,10 @@ def test_refusals_on_the_gpu():
         ops.l2_prefetch(t.t())
     with pytest.raises(RuntimeError, match=r"run must be a multiple of 16 bytes in \[0, period = 64\], got 24"):
         ops.l2_prefetch(t, run=24, period=64)
+
+
+def test_opcheck():
+    ops.load()
+    t = torch.randint(-127, 128, (1024, 512), device=DEVICE, dtype=torch.int8)
+    torch.library.opcheck(torch.ops.astrai.l2_prefetch.default, (t, 4096, 4096))
+    torch.library.opcheck(torch.ops.astrai.l2_prefetch.default, (t, 1024, 4096))
