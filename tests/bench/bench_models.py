@@ -75,6 +75,14 @@ class OurBf16Linear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
+def prefetch_run(nbytes: int, budget: float) -> int:
+    """`run` of `ops.gemm.l2_prefetch(w, run=run, period=4096)` asking the L2 for at most `budget` bytes of a weight of
+    `nbytes`: all of it (4096 of every 4096) when it fits, else the same share of every 4 KB (uniform over the GEMM's
+    CTAs), at least 16 bytes."""
+    fraction = min(1.0, budget / max(nbytes, 1))
+    return 4096 if fraction >= 1.0 else max(16, int(4096 * fraction) // 16 * 16)
+
+
 class WeightPrefetch:
     """Bench-only wiring of `ops.gemm.l2_prefetch` into the quantized linears (process-wide while installed): the
     first forward after `install()` records the order in which the GEMMs read their weights (a fused group's stacked
@@ -86,15 +94,17 @@ class WeightPrefetch:
 
     def __init__(self, share: float = 0.5):
         self.share, self.order, self.recording, self.side, self.original = share, [], True, None, None
+        self.following = {}  # once recorded: a weight's data_ptr -> (the next GEMM's weight, its prefetch run)
         self.pending = False  # a prefetch issued and not yet joined (only joined then: no wait on an event that
         #                       was recorded outside a capture in progress)
 
     def install(self) -> None:
         from astrai.extension.backend import linear as lin
+        from astrai.extension.ops import gemm as ops_gemm
         if self.original is not None:
             return
         self.original, self.side = lin.QuantLinear._gemm, torch.cuda.Stream()
-        l2 = gpu_timing.l2_bytes()
+        budget = self.share * gpu_timing.l2_bytes()
         this = self
 
         def _gemm(module, x, weight, scale, bias):
@@ -109,19 +119,17 @@ class WeightPrefetch:
             if this.recording:
                 if this.order and this.order[0][0] == key:  # the second forward began: the order is known
                     this.recording = False
+                    for (k, _), (_, nxt) in zip(this.order, this.order[1:]):
+                        this.following.setdefault(k, (nxt, prefetch_run(nxt.numel() * nxt.element_size(), budget)))
                 else:
                     this.order.append((key, weight))
                     return y
-            index = next((i for i, (k, _) in enumerate(this.order) if k == key), None)
-            if index is None or index + 1 >= len(this.order):
+            found = this.following.get(key)
+            if found is None:  # the last GEMM of a forward, or one not seen while recording
                 return y
-            nxt = this.order[index + 1][1]
-            nbytes = nxt.numel() * nxt.element_size()
-            fraction = min(1.0, this.share * l2 / max(nbytes, 1))
-            run = 4096 if fraction >= 1.0 else max(16, int(4096 * fraction) // 16 * 16)
+            nxt, run = found
             this.side.wait_stream(main)
             with torch.cuda.stream(this.side):
-                from astrai.extension.ops import gemm as ops_gemm
                 ops_gemm.l2_prefetch(nxt, run=run, period=4096)
             this.pending = True
             return y

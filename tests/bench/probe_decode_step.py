@@ -214,9 +214,7 @@ def prewarm(shapes=((4096, 4096), (6144, 4096), (14336, 4096), (28672, 4096)), f
             return step
 
         most = min(k, int(0.6 * l2 / n) // 64 * 64)
-        # The op's pattern for the same share: the first `run` of every 4 KB (uniform over the GEMM's CTAs).
-        share = min(1.0, 0.6 * l2 / (n * k))
-        op_pattern = (4096, 4096) if share >= 1.0 else (max(16, int(4096 * share) // 16 * 16), 4096)
+        op_pattern = (bm.prefetch_run(n * k, 0.6 * l2), 4096)  # the op's pattern for the same share of the L2
         for gap_us in (5, 10, 20):
             cases[f"gap {gap_us} us + gemm"] = gap_then_gemm(gap_us, 0)
             cases[f"gap {gap_us} us with a side read of {most}/{k} of each row + gemm"] = gap_then_gemm(gap_us, most)
