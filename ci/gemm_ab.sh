@@ -19,7 +19,7 @@ T0=$SECONDS
 run() {  # run IMAGE PORTABLE TAG
   ASTRAI_IMAGE=$1 ASTRAI_GEMM_PORTABLE=$2 timeout "${AB_LIMIT:-75}" python3 tests/bench/bench_gemm.py --pairs "$PAIR" \
     --m $MS --shapes $SHAPES --replays "${AB_REPLAYS:-20}" --json "$D/$3.json" > "$D/$3.txt" 2>&1
-  echo "gemm_ab: $3 ($1, portable=$2) rc=$? at ${SECONDS}s-${T0}s"
+  echo "gemm_ab: $3 ($1, portable=$2) rc=$? at $((SECONDS - T0)) s"
 }
 run "$A" 1 a_portable; run "$B" 1 b_portable; run "$A" 0 a_chain; run "$B" 0 b_chain
 run "$B" 1 b_portable2; run "$A" 1 a_portable2
