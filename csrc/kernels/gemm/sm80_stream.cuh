@@ -42,6 +42,8 @@ namespace gemm {
 
 struct StreamRecipe {
   static constexpr int kInFlight = 2;     // 64-byte chunks of each b row a lane has loaded ahead
+  // Chunks of a's rows a lane has loaded ahead (divides kInFlight): two spilled registers under the 64-register bound.
+  static constexpr int kTokensAhead = 1;
   static constexpr int kRowsB = 16;       // b rows of a warp (the mma's 16-row side)
   static constexpr int kRowsA = 16;       // a rows of a CTA (two n8 token tiles)
   static constexpr int kChunk = 64;       // b bytes (K values) of a row per step
@@ -74,6 +76,17 @@ __device__ __forceinline__ uint4 ld_tail16(const uint8_t* p, int64_t left) {
   for (int i = 0; i < 16; ++i)
     if (i < left) w[i >> 2] |= uint32_t(p[i]) << (8 * (i & 3));
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 32 bytes (16 values) of chunk `chunk` past xp of each token tile's row, into one ring slot.
+template <int kTokenTiles>
+__device__ __forceinline__ void load_tokens(uint4 (&slot)[kTokenTiles][2], const uint8_t* const (&xp)[kTokenTiles],
+                                            int chunk) {
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) {
+    slot[j][0] = ld_tokens16(xp[j] + chunk * 128);
+    slot[j][1] = ld_tokens16(xp[j] + chunk * 128 + 16);
+  }
 }
 
 // Four int8 as two registers of two bf16 / fp16 values, bytes (0, 2) and (1, 3): s8x4_to_16bit's arithmetic
@@ -115,6 +128,7 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
   using SR = StreamRecipe;
   using TA = typename Pair::TA;
   constexpr int kU = SR::kInFlight;
+  constexpr int kX = SR::kTokensAhead;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int chunks = int(ceil_div<int64_t>(p.k, SR::kChunk));
   const int c_begin = split * p.k_tiles_per_split * 2;
@@ -142,46 +156,55 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
   // Programmatic dependent launch: nothing of global memory is read or written before the previous kernel finished.
   wait_prerequisites();
 
-  uint4 ring_w[kU], ring_v[kU];
+  // Rings: weight slot u % kU holds chunk c + u of rows g and g + 8 (loaded kU chunks ahead), token slot u % kX the
+  // tokens' chunk c + u (kX ahead). A slot is refilled right after its chunk went through the mma, so a refill
+  // writes the registers just read (no copies), and the addresses are pointers advanced a ring at a time, the slots'
+  // offsets immediates. The loop this replaced (refills issued before the mma, rows' addresses recomputed a chunk)
+  // was 142 SASS instructions a chunk on sm_90a with one token tile, 74 of them expansion, mma, byte permutes and
+  // loads, the rest register copies of the ring, address arithmetic and branches; this one is 82 (two tiles: 150
+  // -> 97), in a kernel whose ALU pipe ncu read 67% busy. Same mma order, same bits.
+  const uint8_t* wp = w_row + int64_t(c_begin) * SR::kChunk;
+  const uint8_t* vp = v_row + int64_t(c_begin) * SR::kChunk;
+  const uint8_t* xp[kTokenTiles];
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) xp[j] = x_row[j] + int64_t(c_begin) * 2 * SR::kChunk;
+  uint4 ring_w[kU], ring_v[kU], ring_x[kX][kTokenTiles][2];
 #pragma unroll
   for (int u = 0; u < kU; ++u)
     if (c_begin + u < c_full) {
-      ring_w[u] = ld_weights16(w_row + int64_t(c_begin + u) * SR::kChunk);
-      ring_v[u] = ld_weights16(v_row + int64_t(c_begin + u) * SR::kChunk);
+      ring_w[u] = ld_weights16(wp + u * SR::kChunk);
+      ring_v[u] = ld_weights16(vp + u * SR::kChunk);
+      if (u < kX) load_tokens<kTokenTiles>(ring_x[u], xp, u);
     }
-  // The tokens' next chunk is loaded one chunk ahead as well (their loads had been the stream's longest stall).
-  uint4 xn[kTokenTiles][2];
-#pragma unroll
-  for (int j = 0; j < kTokenTiles; ++j)
-    if (c_begin < c_full) {
-      const uint8_t* const x = x_row[j] + int64_t(c_begin) * 2 * SR::kChunk;
-      xn[j][0] = ld_tokens16(x);
-      xn[j][1] = ld_tokens16(x + 16);
-    }
-  for (int c = c_begin; c < c_full; c += kU) {
+  int c = c_begin;
+  // Whole rings whose refills all lie inside the row's full chunks: no condition a chunk.
+  for (; c + 2 * kU <= c_full; c += kU) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int cc = c + u;
-      if (cc < c_full) {
-        const uint4 w = ring_w[u], v = ring_v[u];
-        if (cc + kU < c_full) {  // the next chunk of this slot, in flight under this one's mma
-          ring_w[u] = ld_weights16(w_row + int64_t(cc + kU) * SR::kChunk);
-          ring_v[u] = ld_weights16(v_row + int64_t(cc + kU) * SR::kChunk);
-        }
-        uint4 xc[kTokenTiles][2];
 #pragma unroll
-        for (int j = 0; j < kTokenTiles; ++j) {
-          xc[j][0] = xn[j][0];
-          xc[j][1] = xn[j][1];
-          if (cc + 1 < c_full) {
-            const uint8_t* const x = x_row[j] + int64_t(cc + 1) * 2 * SR::kChunk;
-            xn[j][0] = ld_tokens16(x);
-            xn[j][1] = ld_tokens16(x + 16);
-          }
-        }
+      for (int j = 0; j < kTokenTiles; ++j)
+        stream_step<Pair>(acc[j], ring_w[u], ring_v[u], ring_x[u % kX][j][0], ring_x[u % kX][j][1]);
+      ring_w[u] = ld_weights16(wp + (u + kU) * SR::kChunk);
+      ring_v[u] = ld_weights16(vp + (u + kU) * SR::kChunk);
+      load_tokens<kTokenTiles>(ring_x[u % kX], xp, u + kX);
+    }
+    wp += kU * SR::kChunk;
+    vp += kU * SR::kChunk;
 #pragma unroll
-        for (int j = 0; j < kTokenTiles; ++j) stream_step<Pair>(acc[j], w, v, xc[j][0], xc[j][1]);
+    for (int j = 0; j < kTokenTiles; ++j) xp[j] += kU * 2 * SR::kChunk;
+  }
+  // The last (fewer than 2 kU) full chunks: chunk c + u sits in slot u % kU (c - c_begin is a multiple of kU).
+#pragma unroll
+  for (int u = 0; u < 2 * kU; ++u) {
+    if (c + u < c_full) {
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j)
+        stream_step<Pair>(acc[j], ring_w[u % kU], ring_v[u % kU], ring_x[u % kX][j][0], ring_x[u % kX][j][1]);
+      if (c + u + kU < c_full) {
+        ring_w[u % kU] = ld_weights16(wp + (u + kU) * SR::kChunk);
+        ring_v[u % kU] = ld_weights16(vp + (u + kU) * SR::kChunk);
       }
+      if (c + u + kX < c_full) load_tokens<kTokenTiles>(ring_x[u % kX], xp, u + kX);
     }
   }
   if (c_full < c_end) {  // the row's last chunk, cut by K: zeros past K on both sides

@@ -165,54 +165,69 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     // Lane (g, t) reads 16-byte chunks 2t and 2t + 1 of the stage's 128-byte rows: chunk c of row r sits at c ^ (r %
     // 8) (the map's 128-byte swizzle), so the 8 rows of a quarter-warp's read hit 8 distinct chunks. Warp (rw, kw)
     // reads rows 16 rw.. of the stage's K tiles kw, kw + kKWarps, ...
+    // The lane's addresses in stage 0 are computed once; the stage loop is unrolled over the ring, so a stage's and a
+    // K tile's offsets are immediates of the loads. (The loop this replaced recomputed every address a stage from
+    // it % kStages: 226 SASS instructions a stage for w8a16 with one token tile, 144 of them loads, expansion, byte
+    // permutes and mma.) Same reads, same mma order: same bits.
     const int rw = warp % S::kRowWarps, kw = S::kKWarps > 1 ? warp / S::kRowWarps : 0;
-    for (int kt = kt0, it = 0; kt < kt1; kt += S::kSub, ++it) {
-      const int s = it % S::kStages, tiles = min(S::kSub, kt1 - kt);
-      mbarrier_wait_sleep(&full[s], uint32_t(it / S::kStages) & 1u);
-      if constexpr (S::kKWarps > 1) {
-        if (kw >= tiles) {  // a slice's last stage holds no tile of this warp
-          __syncwarp();
-          if (lane == 0) mbarrier_arrive(&empty[s]);
-          continue;
-        }
+    const uint8_t* const tile0 = smem + kw * S::kSubBytes;
+    const uint8_t* w_at[2];                    // row 16 rw + g, chunk 2t + h; row + 8 is 1024 bytes on
+    const uint8_t* x_at[2][S::kActBoxes];      // token row g; token tile j is 1024 bytes on
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = 2 * t + h;
+      w_at[h] = tile0 + (16 * rw + g) * 128 + ((c ^ g) << 4);
+      if constexpr (S::kActBoxes == 1) {
+        x_at[h][0] = tile0 + S::kWBytes + g * 128 + ((c ^ g) << 4);
+      } else {  // w8a16: the chunk's 16 K values are 32 bytes of token row: chunks 2 (c % 4), + 1 of box c / 4
+        const uint8_t* const box = tile0 + S::kWBytes + (c / 4) * S::kActBoxBytes + g * 128;
+        x_at[h][0] = box + (((2 * (c % 4)) ^ g) << 4);
+        x_at[h][1] = box + (((2 * (c % 4) + 1) ^ g) << 4);
       }
+    }
+    uint32_t phase = 0;  // of the ring pass
+    for (int kt = kt0; kt < kt1; phase ^= 1u) {
 #pragma unroll
-      for (int q = kw; q < S::kSub; q += S::kKWarps) {
-        if (q >= tiles) break;
-        const uint8_t* const sub = smem + s * S::kStageBytes + q * S::kSubBytes;
-        const uint8_t* const w_row = sub + (16 * rw + g) * 128;
-        const uint8_t* const x_rows = sub + S::kWBytes + g * 128;
-        uint4 w[2], v[2], x[kTokenTiles][2][S::kActBoxes];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * t + h;
-          w[h] = lds16(w_row + ((c ^ g) << 4));
-          v[h] = lds16(w_row + 8 * 128 + ((c ^ g) << 4));
-#pragma unroll
-          for (int j = 0; j < kTokenTiles; ++j) {
-            if constexpr (S::kActBoxes == 1) {
-              x[j][h][0] = lds16(x_rows + j * 8 * 128 + ((c ^ g) << 4));
-            } else {  // w8a16: the chunk's 16 K values are 32 bytes of token row: chunks 2 (c % 4), + 1 of box c / 4
-              const uint8_t* const box = x_rows + (c / 4) * S::kActBoxBytes + j * 8 * 128;
-              x[j][h][0] = lds16(box + (((2 * (c % 4)) ^ g) << 4));
-              x[j][h][1] = lds16(box + (((2 * (c % 4) + 1) ^ g) << 4));
-            }
+      for (int s = 0; s < S::kStages; ++s, kt += S::kSub) {
+        if (kt >= kt1) break;
+        const int tiles = min(S::kSub, kt1 - kt);  // a slice's last stage may hold fewer
+        mbarrier_wait_sleep(&full[s], phase);
+        if constexpr (S::kKWarps > 1) {
+          if (kw >= tiles) {  // a slice's last stage holds no tile of this warp
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&empty[s]);
+            continue;
           }
         }
-        if (q + S::kKWarps >= tiles) {
-          __syncwarp();
-          if (lane == 0) mbarrier_arrive(&empty[s]);  // the warp's reads of the stage are done
-        }
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int q = kw, qi = 0; qi < S::kSub / S::kKWarps; q += S::kKWarps, ++qi) {
+          if (q >= tiles) break;
+          const int at = s * S::kStageBytes + qi * S::kKWarps * S::kSubBytes;  // from the lane's stage-0 addresses
+          uint4 w[2], v[2], x[kTokenTiles][2][S::kActBoxes];
 #pragma unroll
-          for (int j = 0; j < kTokenTiles; ++j) {
-            if constexpr (S::kActBoxes == 1) {
-              sm90_stream_step<Pair>(acc[j], w[h], v[h], x[j][h][0]);
-            } else {
-              stream_step<Pair>(acc[j], w[h], v[h], x[j][h][0], x[j][h][1]);
-            }
+          for (int h = 0; h < 2; ++h) {
+            w[h] = lds16(w_at[h] + at);
+            v[h] = lds16(w_at[h] + at + 8 * 128);
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j)
+#pragma unroll
+              for (int box = 0; box < S::kActBoxes; ++box) x[j][h][box] = lds16(x_at[h][box] + at + j * 8 * 128);
           }
+          if (q + S::kKWarps >= tiles) {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&empty[s]);  // the warp's reads of the stage are done
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < kTokenTiles; ++j) {
+              if constexpr (S::kActBoxes == 1) {
+                sm90_stream_step<Pair>(acc[j], w[h], v[h], x[j][h][0]);
+              } else {
+                stream_step<Pair>(acc[j], w[h], v[h], x[j][h][0], x[j][h][1]);
+              }
+            }
+        }
       }
     }
   }
