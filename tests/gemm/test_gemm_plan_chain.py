@@ -287,7 +287,8 @@ def test_compiled_quant_gemm_plans_when_the_graph_runs(monkeypatch, dynamic):
     from astrai.extension.ops import gemm as og
     seen = []
     monkeypatch.setattr(og, "load", lambda: True)
-    monkeypatch.setattr(gp, "plan_call", lambda a, b, *rest, tune=True: seen.append((tuple(a.shape), tune)) or (4, 2))
+    monkeypatch.setattr(gp, "plan_call",
+                        lambda a, b, *rest, may_tune=True: seen.append((tuple(a.shape), may_tune)) or (4, 2))
 
     def op(a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k):  # the plan, visible in the result
         return (a.float() @ b.float().t() + recipe * 10 + split_k).to(out_dtype)
@@ -418,6 +419,36 @@ def test_tune_stores_the_winner_and_the_chain_uses_it(tmp_path, capsys):
     gp.inject_rows("", replace=True)
     gp.set_planner("model")
     assert gp.decide(c, H200).planner == "model"
+
+
+def test_plan_call_tunes_an_untuned_shape_and_keeps_the_winner(tmp_path, monkeypatch):
+    """plan_call's own tuning branch (eager, autotune on): the shape is tuned once through the module's `tune`, the
+    winner is launched from then on; may_tune=False (compiled code) asks the chain only. CUDA calls stubbed: no GPU
+    here (a parameter named like the module's `tune` once shadowed it and failed only on a GPU)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    def tensor(*shape):  # what plan_call reads of a CUDA tensor
+        return SimpleNamespace(dtype=BF16, shape=torch.Size(shape), device=torch.device("cpu", 0), is_cuda=True,
+                               dim=lambda: len(shape))
+
+    real_tune, tuned = gp.tune, []
+
+    def tune(call, device, run):
+        tuned.append(call)
+        return real_tune(call, device, run, timer=fake_timer({(3, 2): 50.0}))
+
+    monkeypatch.setattr(gp, "facts", lambda index=None: H200)
+    monkeypatch.setattr(gp, "tune", tune)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    gp.enable(str(tmp_path), trigger=1)
+    a, b = tensor(300, 4096), tensor(4096, 4096)
+    chain = gp.decide(gp.Call("w16a16", "nt", None, 300, 4096, 4096), H200).plan
+    assert chain != (3, 2)
+    assert gp.plan_call(a, b, None, None, None, BF16, 0, None, False, may_tune=False) == chain
+    assert gp.plan_call(a, b, None, None, None, BF16, 0, None, False) == (3, 2)
+    assert gp.plan_call(a, b, None, None, None, BF16, 0, None, False) == (3, 2) and len(tuned) == 1
 
 
 def test_read_only_root_is_read_and_skipped_for_writes(tmp_path, monkeypatch):

@@ -792,7 +792,7 @@ _PLANNED_ARGS = "Tensor a, Tensor b, Tensor? a_scale, Tensor? b_scale, Tensor? b
                          schema=f"({_PLANNED_ARGS}, ScalarType out_dtype, int layout, bool batch_invariant) -> Tensor")
 def _quant_gemm_planned(a, b, a_scale, b_scale, bias, out_dtype, layout, batch_invariant):
     recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out_dtype, layout, None, batch_invariant,
-                                          tune=False)
+                                          may_tune=False)
     return torch.ops.astrai.quant_gemm(a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k)
 
 
@@ -805,7 +805,7 @@ def _fake_quant_gemm_planned(a, b, a_scale, b_scale, bias, out_dtype, layout, ba
                          schema=f"({_PLANNED_ARGS}, int layout, bool batch_invariant, Tensor(a!) out) -> ()")
 def _quant_gemm_planned_out(a, b, a_scale, b_scale, bias, layout, batch_invariant, out):
     recipe, split_k = gemm_plan.plan_call(a, b, a_scale, b_scale, bias, out.dtype, layout, out, batch_invariant,
-                                          tune=False)
+                                          may_tune=False)
     torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, layout, recipe, split_k, out)
 
 

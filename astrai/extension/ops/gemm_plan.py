@@ -1103,10 +1103,10 @@ def _wants_tuning(call: Call, device: Facts) -> bool:
 
 
 def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtype: torch.dtype, layout: int,
-              out: torch.Tensor | None, batch_invariant: bool, tune: bool = True) -> tuple[int, int]:
+              out: torch.Tensor | None, batch_invariant: bool, may_tune: bool = True) -> tuple[int, int]:
     """The plan `ops.gemm.quant_gemm` launches for a call with plan=None: the chain's decision, tuned first where
-    autotuning is on, `tune` is True and the call is not captured into a CUDA graph. Eager only: compiled code
-    calls it when it runs, with tune=False (`ops.gemm.quant_gemm_planned`)."""
+    autotuning is on, `may_tune` is True and the call is not captured into a CUDA graph. Eager only: compiled code
+    calls it when it runs, with may_tune=False (`ops.gemm.quant_gemm_planned`)."""
     key = (a.dtype, b.dtype, layout, a.shape, b.shape, batch_invariant, a.device)
     plan = _final_plans.get(key)
     if plan is not None:
@@ -1123,7 +1123,7 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
     if not _state.tuning.enabled or decision.planner not in ("model", "degraded"):
         _final_plans[key] = decision.plan  # nothing can change it but a setter
         return decision.plan
-    if not tune or torch.cuda.is_current_stream_capturing():
+    if not may_tune or torch.cuda.is_current_stream_capturing():
         return decision.plan  # tuning synchronizes: never while a graph is captured
     with _lock:
         wanted = _wants_tuning(call, device)

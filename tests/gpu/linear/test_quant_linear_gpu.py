@@ -190,10 +190,12 @@ def test_fused_siblings_on_the_kernels(mode, m):
         replay = GraphReplay(lambda: fused(x))
         assert_replay_matches_eager(replay, lambda: fused(x), lambda trial: x.normal_())
         # traced (inductor): this forward passes the source rule, so the graph takes the stacked GEMMs too; inductor
-        # fuses the elementwise ops between them otherwise, so within rounding
+        # fuses the elementwise ops between them in float32 (one rounding, not one an op), so the MLP's input differs
+        # from eager by bf16 rounding and w8a8 / fp8 re-quantize it (and the down projection's input) per token: a
+        # flipped rounding step costs 1/127 of a row's largest value. Measured for w8a8 2.2-2.6% (H100, 2026-12-05).
         assert fused.q_proj._siblings.traced_ok and fused.up_proj._siblings.traced_ok
         compiled = torch.compile(fused, fullgraph=True)
-        assert _rel(compiled(x), fused(x)) < {"w8a16": 2.0**-7, "w8a8": 2.0**-6, "fp8": 0.04}[mode]
+        assert _rel(compiled(x), fused(x)) < {"w8a16": 2.0**-7, "w8a8": 0.04, "fp8": 0.04}[mode]
 
 
 def test_fused_siblings_move_to_the_gpu_and_stack_again():

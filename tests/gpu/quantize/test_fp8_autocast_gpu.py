@@ -153,11 +153,13 @@ def test_every_fp8_gemm_runs_on_quant_gemm_and_matches_scaled_mm(recipe, monkeyp
     assert not [f for f in _fallbacks.snapshot()["reasons"] if f["op"] == "fp8_autocast"]
     monkeypatch.setattr(backend, "fp8_gemm_blocker", lambda *args: "forced: the torch._scaled_mm route")
     theirs = step()
-    # x's gradient went through two e5m2 dgrads (2 mantissa bits): a last-bit difference upstream (summation order)
-    # flips a 12.5% rounding there; 2.1% measured on the H200 (2026-12-05) against < 1% for the rest
+    # x's gradient (1) and the first layer's weight gradient (2) are built from the first layer's output gradient,
+    # quantized to e5m2 (2 mantissa bits) after the second layer's dgrad: a last-bit difference there (summation
+    # order, which the plan sets) flips a rounding step of up to 25%. Measured: x's 2.1% on the H200, the weight's
+    # 2.1% on an H100 (2026-12-05; < 1% on the H200); the rest (the output, the sums over tokens) < 1%.
     for i, (a, b) in enumerate(zip(ours, theirs)):
         rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
-        tolerance = 4e-2 if i == 1 else 1e-2
+        tolerance = 4e-2 if i in (1, 2) else 1e-2
         assert rel < tolerance, f"tensor {i}: relative difference {rel} between quant_gemm and torch._scaled_mm"
 
 
