@@ -474,7 +474,8 @@ def quantize_linear_(model: nn.Module, mode: str, *, skip=None, empty: bool = Fa
         (q_proj / k_proj / v_proj and gate_proj / up_proj), or give the child names of each group, e.g.
         `fuse=[("wq", "wk", "wv")]`. A group forms where one parent holds every name as a converted layer reached by
         that one name, with one in_features and all or none with a bias; others stay apart (logged). Each layer
-        keeps its own buffers and `state_dict` keys (views of the stacked ones). Default False.
+        keeps its own buffers and `state_dict` keys (views of the stacked ones). Default False: on an H100 it made
+        a CUDA-graphed decode step 1-5% faster and an eager one slower (the group's bookkeeping a call).
 
     Example
     -------
