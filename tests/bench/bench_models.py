@@ -447,10 +447,32 @@ def training_steps(layers: int = 2, batch: int = 4, seq: int = 1024) -> dict:
     return results
 
 
+def require_kernels(setups) -> None:
+    """Every setup but hf times our kernels: refuse to run them on torch's fallback paths, which the setups would
+    otherwise take silently (a device call without the image carried once timed those as "w8a16", 0.24x hf)."""
+    if all(setup == "hf" for setup in setups):
+        return
+    from astrai.extension import loader
+    missing = []
+    for family in ("gemm", "attention", "rotary", "quantize"):
+        try:
+            loader.load_family(family)
+        except Exception as exc:  # FamilyUnavailableError and anything else that keeps the family off the GPU
+            missing.append(f"{family}: {str(exc).splitlines()[0]}")
+    chosen = loader.describe().get("chosen") or {}
+    if not missing and not chosen.get("serves"):  # loaded for registration only: no code for this GPU
+        missing.append(f"image {chosen.get('image')} has no code for this device")
+    if missing:
+        raise SystemExit("bench_models: the setups other than hf run our kernels, not served here: "
+                         + "; ".join(missing)
+                         + " (carry astrai/extension/lib/<image> into the device call, or time --setups=hf only)")
+
+
 def main(argv: list[str]) -> int:
     import transformers
 
     if argv[:1] == ["static"]:  # only the user's graphed path (compiles every setup's model)
+        require_kernels(("w8a16",))
         record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
                   "decode_steps": DECODE_STEPS, "static_generate": static_generate()}
         if os.environ.get("OUT"):
@@ -467,6 +489,7 @@ def main(argv: list[str]) -> int:
                 raise SystemExit(f"bench_models: unknown setups {unknown}; known: {', '.join(SETUPS)}")
         elif arg.startswith("--batches="):
             batches = tuple(int(b) for b in arg.split("=", 1)[1].split(","))
+    require_kernels(setups)
     out = os.environ.get("OUT")
     base = base_model()
     record = {"environment": gpu_timing.environment(), "layers": LAYERS, "prompt": PROMPT,
