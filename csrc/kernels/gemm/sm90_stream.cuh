@@ -4,8 +4,8 @@
 // the bytes come by TMA into a shared-memory ring, so a CTA keeps its weights in flight with one issuing thread
 // instead of holding them in registers. Measured on the H200 (benchmarks.md "GEMM, the Hopper weight stream"): a few
 // percent ahead of the portable kernels for 16-bit, int8 and fp8 weights with 16-bit / 8-bit tokens at M <= 8; for
-// w8a16 ahead of the portable weight stream only at its best split (4% at M <= 8), not at the split its rule picks,
-// so the built-in plan uses it where it was measured ahead (not for w8a16).
+// w8a16 ahead of the portable weight stream at M <= 8 on wide or large weights only (the built-in plan's rule,
+// ops/gemm.py SM90_STREAM_W8A16_*), and behind the leaner portable loop on all of those cells on an H100.
 //
 // - A CTA owns kRows (64) weight rows and one K slice. Its producer warp (one thread) loads, a stage at a time, two
 //   K tiles: for each, the 128 bytes of K of its 64 rows (one 128-byte-swizzled box) and the same K range of the
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
     // reads rows 16 rw.. of the stage's K tiles kw, kw + kKWarps, ...
     // The lane's addresses in stage 0 are computed once; the stage loop is unrolled over the ring, so a stage's and a
     // K tile's offsets are immediates of the loads. (The loop this replaced recomputed every address a stage from
-    // it % kStages: 226 SASS instructions a stage for w8a16 with one token tile, 144 of them loads, expansion, byte
-    // permutes and mma.) Same reads, same mma order: same bits.
+    // it % kStages: 228 SASS instructions a stage for w8a16 with one token tile, now 188; 144 of them are loads,
+    // expansion, byte permutes and mma.) Same reads, same mma order: same bits.
     const int rw = warp % S::kRowWarps, kw = S::kKWarps > 1 ? warp / S::kRowWarps : 0;
     const uint8_t* const tile0 = smem + kw * S::kSubBytes;
     const uint8_t* w_at[2];                    // row 16 rw + g, chunk 2t + h; row + 8 is 1024 bytes on
