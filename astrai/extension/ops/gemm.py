@@ -217,7 +217,9 @@ SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
 # a Llama-3-8B down projection, 25.2 against 29.2 us, and behind it at 15-17 MB), split as the other pairs' (the fill
 # above). On the recorded H200 sweeps w8a16's geomean regret at M <= 8 went from 3.2% to 0.7% (twenty-seventh
 # session, docs/benchmarks.md); at M 9-16 the portable stream stays (the sweeps favour recipe 6 there too, the gated
-# suite's chains, where the portable stream prefetches the next call's weights, do not).
+# suite's chains, where the portable stream prefetches the next call's weights, do not). Those timings predate the
+# portable stream's leaner loop (thirty-first session): on an H100 the new loop beat recipe 6 on all seven grid cells
+# this rule gives recipe 6 at M = 1 (1.4-17% less time); the H200's order is to be re-timed before the rule moves.
 SM90_STREAM_W8A16_MAX_M = 8
 SM90_STREAM_W8A16_MIN_N = 7168
 SM90_STREAM_W8A16_MIN_NK = 20_000_000
