@@ -8,6 +8,8 @@ reads them. If HBM reads alone run faster than a copy's mix, the ceilings derive
 twenty-ninth session: w8a16 vs cuBLAS bf16 at most 1.84-1.98x at M <= 16) are too low by that factor. The read is
 torch's own reduction over the bytes (sum and amax of an int32 view: the faster one counts), inputs rotated past the
 L2 like every gated case. Not gated; a developer probe for the planners' decision on issue 20's small-M goals.
+On an H100 (2026-12-05) those reductions ran slower than the copy up to 30 MB (not bandwidth-bound there), so the
+read column is a floor only for the largest weights.
 """
 
 from __future__ import annotations

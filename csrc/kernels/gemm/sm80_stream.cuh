@@ -160,7 +160,7 @@ __device__ __forceinline__ void stream_slice(const GemmParams& p, int n0, int m0
   // tokens' chunk c + u (kX ahead). A slot is refilled right after its chunk went through the mma, so a refill
   // writes the registers just read (no copies), and the addresses are pointers advanced a ring at a time, the slots'
   // offsets immediates. The loop this replaced (refills issued before the mma, rows' addresses recomputed a chunk)
-  // was 142 SASS instructions a chunk on sm_90a with one token tile, 74 of them expansion, mma, byte permutes and
+  // was 143 SASS instructions a chunk on sm_90a with one token tile, 74 of them expansion, mma, byte permutes and
   // loads, the rest register copies of the ring, address arithmetic and branches; this one is 82 (two tiles: 150
   // -> 97), in a kernel whose ALU pipe ncu read 67% busy. Same mma order, same bits.
   const uint8_t* wp = w_row + int64_t(c_begin) * SR::kChunk;
