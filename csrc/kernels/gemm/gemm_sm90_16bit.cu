@@ -15,7 +15,7 @@ cudaError_t sm90_code_available(bool* available) {
   // sm_90a code is the code whose ptxVersion is >= 90: the same per-device cached query as the PDL decision (a
   // compute_80 PTX image compiles the kernel to an empty stub), asked once per device, not at every launch.
   static PdlCodeCache known;
-  return code_waits_for_grid(&gemm_sm90_kernel<GemmPair::kBf16Bf16, Sm90RecipeN128>, known, available);
+  return code_waits_for_grid(&gemm_sm90_kernel<GemmPair::kBf16Bf16, Sm90RecipeN128, false>, known, available);
 }
 
 }  // namespace gemm

@@ -12,6 +12,8 @@
 //   sm90_promote_run).
 // - Epilogue from the accumulators: store_out's arithmetic (scales, bias, out dtype) with the output type chosen once
 //   a tile, or fp32 / s32 partials to the workspace for split_k > 1 (gemm_reduce_kernel sums them in split order).
+//   Where TMA can describe the output (map_out, kTmaOut), one thread of each consumer warpgroup stores the staged
+//   chunks by TMA and the warpgroup goes on to its next unit while the stores drain.
 //
 // K order: K tiles in order, 32 bytes of K a wgmma in order; a row's sum does not depend on M or on the other rows,
 // but it is not the mma.sync mainloop's order, so the bits differ from recipes 0-3.
@@ -146,10 +148,25 @@ __device__ __forceinline__ Sm90Unit sm90_unit(const GemmParams& p, int u, int ti
   return w;
 }
 
+// Byte offset of 16-byte unit u (0-15) of row r (0-63) in a staged chunk, XOR-swizzled by row % 8 so the 8 rows of a
+// fragment hit distinct banks. kHalves (the TMA store): two halves of 64 rows x 128 bytes (units 0-7 and 8-15), the
+// swizzle within a half: TMA's 128-byte swizzle of a [64][128-byte] box. Else rows of 256 bytes (fewer registers
+// for the threads' copy-out: recipe 5 spilled 48 bytes with the halves).
+template <bool kHalves>
+__device__ __forceinline__ int sm90_staged_unit(int r, int u) {
+  if constexpr (kHalves) {
+    return (u / 8) * 64 * 128 + r * 128 + (((u % 8) ^ (r & 7)) * 16);
+  } else {
+    return r * 256 + ((u ^ (r & 7)) * 16);
+  }
+}
+
 // Stores a consumer warpgroup's 64 rows of a finished tile through `buf` (16 KB of shared memory, this warpgroup's)
-// in chunks of 64 rows x 256 bytes: the threads write their fragments (converted) into the chunk, 16-byte units
-// XOR-swizzled by row so the 8 rows of a fragment hit distinct banks, then copy it out a 16-byte unit a thread, rows
-// of 256 contiguous bytes (scalar stores where a unit runs past N or is not 16-byte aligned in memory).
+// in chunks of 64 rows x 256 bytes (sm90_staged_unit's layout): the threads write their fragments (converted) into
+// the chunk, then either (kTma) one thread stores the two halves by TMA (clipped at M and N)
+// and the warpgroup moves on, the store reading buf in the background until the next chunk's first barrier, or the
+// threads copy it out a 16-byte unit a thread, rows of 256 contiguous bytes (scalar stores where a unit runs past N
+// or is not 16-byte aligned in memory).
 //
 // kPartial: raw accumulators into the split's workspace slice (Out = Acc); Out = int32_t: the raw s32 output.
 // Otherwise acc * the a_scale of the row * the b_scale of the column + bias in fp32, then Out (store_out's
@@ -159,9 +176,9 @@ __device__ __forceinline__ Sm90Unit sm90_unit(const GemmParams& p, int u, int ti
 // arithmetic: acc * a_scale * b_scale + 0). A tile wholly inside the output whose rows are 16-byte aligned is
 // copied out with no per-unit checks. Both keep branches out of the per-element code (ncu: the epilogue's
 // divergence barriers were its largest stall).
-template <class Out, bool kPartial, class R, bool kUniform, class Acc>
+template <class Out, bool kPartial, class R, bool kUniform, bool kTma, class Acc>
 __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90Unit& w, int cw,
-                                                const Acc (&acc)[R::kBN / 2], uint8_t* buf) {
+                                                const Acc (&acc)[R::kBN / 2], uint8_t* buf, const CUtensorMap* map_out) {
   constexpr bool kRaw = kPartial || std::is_same<Out, int32_t>::value;
   constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kChunks = R::kBN / kChunkCols, kPerUnit = 16 / kE;
   const int tid = threadIdx.x % 128, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
@@ -204,6 +221,9 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
                      (reinterpret_cast<uintptr_t>(out + batch_base) & 15) == 0;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
+    if constexpr (kTma) {
+      if (tid == 0) tma_store_wait<0>();  // the previous chunk's (or tile's) store has read buf
+    }
     named_barrier_sync(1 + cw, 128);  // the previous chunk (or tile) has been copied out of buf
     // Per-column factors (scale, bias) of kGroupJ column pairs (8 jj + 2 t + e) at a time, loaded before they are
     // used: independent global loads kept in flight together. Read inside the conversion, one column at a time
@@ -260,8 +280,8 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * warp + g + 8 * h;
-          const int byte = (8 * jj + 2 * t) * kE;
-          Out* dst = reinterpret_cast<Out*>(buf + r * 256 + (((byte / 16) ^ (r & 7)) * 16) + byte % 16);
+          const int byte = (8 * jj + 2 * t) * kE, unit = byte / 16;
+          Out* dst = reinterpret_cast<Out*>(buf + sm90_staged_unit<kTma>(r, unit) + byte % 16);
           const Acc v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
           if constexpr (kRaw) {
             dst[0] = Out(v0);
@@ -279,13 +299,25 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
         }
       }
     }
+    if constexpr (kTma) {
+      fence_proxy_async_smem();         // this thread's writes to buf, visible to the TMA store
+      named_barrier_sync(1 + cw, 128);  // the chunk is complete in buf
+      if (tid == 0) {
+        constexpr int kHalfCols = 128 / kE;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          tma_store_3d(map_out, smem_addr(buf + h * 64 * 128), col0 + c * kChunkCols + h * kHalfCols, row0, w.bz);
+        tma_store_commit();
+      }
+      continue;
+    }
     named_barrier_sync(1 + cw, 128);  // the chunk is complete in buf
 #pragma unroll
     for (int i = 0; i < 64 * 16 / 128; ++i) {
       const int q = tid + 128 * i, r = q / 16, u = q % 16;
       const int row = dst_row0 + r, col = dst_col0 + c * kChunkCols + u * kPerUnit;
       if (!whole && (row >= rows_end || col >= cols_end)) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(buf + r * 256 + ((u ^ (r & 7)) * 16));
+      const uint4 v = *reinterpret_cast<const uint4*>(buf + sm90_staged_unit<kTma>(r, u));
       Out* dst = out + batch_base + int64_t(row) * row_stride + col;
       if (whole || (col + kPerUnit <= cols_end && (reinterpret_cast<uintptr_t>(dst) & 15) == 0)) {
         *reinterpret_cast<uint4*>(dst) = v;
@@ -353,11 +385,35 @@ __device__ __forceinline__ void sm90_promote_run(Acc (&acc)[R::kBN / 2], Acc (&c
   }
 }
 
-// Maps are 3-D (k, rows, batch); a broadcast operand's map has one batch and is always read at batch 0.
-template <GemmPair kPair, class R>
+// The whole-tile store of a consumer's rows in the output's type (one branch a tile, not one an element).
+template <class R, bool kTma, class Acc>
+__device__ __forceinline__ void sm90_store_out(const GemmParams& p, const Sm90Unit& w, int cw,
+                                               const Acc (&acc)[R::kBN / 2], uint8_t* buf, const CUtensorMap* map_out,
+                                               bool uniform) {
+  switch (p.out_dtype) {
+    case GemmOut::kBf16:
+      uniform ? sm90_store_tile<__nv_bfloat16, false, R, true, kTma>(p, w, cw, acc, buf, map_out)
+              : sm90_store_tile<__nv_bfloat16, false, R, false, kTma>(p, w, cw, acc, buf, map_out);
+      break;
+    case GemmOut::kF16:
+      uniform ? sm90_store_tile<__half, false, R, true, kTma>(p, w, cw, acc, buf, map_out)
+              : sm90_store_tile<__half, false, R, false, kTma>(p, w, cw, acc, buf, map_out);
+      break;
+    case GemmOut::kF32:
+      uniform ? sm90_store_tile<float, false, R, true, kTma>(p, w, cw, acc, buf, map_out)
+              : sm90_store_tile<float, false, R, false, kTma>(p, w, cw, acc, buf, map_out);
+      break;
+    default: sm90_store_tile<int32_t, false, R, true, kTma>(p, w, cw, acc, buf, map_out); break;
+  }
+}
+
+// Maps are 3-D (k, rows, batch); a broadcast operand's map has one batch and is always read at batch 0. map_out
+// (kTmaOut): the output as (n, m, batch) in boxes of 128 bytes x 64 rows, 128-byte swizzle; else unused. Two
+// kernels, not a runtime flag: one with both epilogues spilled (recipe 5, 68 bytes).
+template <GemmPair kPair, class R, bool kTmaOut>
 __global__ void __launch_bounds__(R::kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const __grid_constant__ GemmParams p) {
+                     const __grid_constant__ CUtensorMap map_out, const __grid_constant__ GemmParams p) {
 #if ASTRAI_WGMMA
   using P = Sm90Pair<kPair>;
   using Acc = typename P::Acc;
@@ -483,26 +539,14 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
     const bool uniform = (!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
                          p.bias_dtype == GemmBias::kNone;
-    if (partial) {
-      sm90_store_tile<Acc, true, R, true>(p, w, cw, acc, buf);
+    if (partial) {  // raw sums to the workspace, copied out by the threads: the last TMA store must be done with buf
+      if (kTmaOut && threadIdx.x % 128 == 0) tma_store_wait<0>();
+      sm90_store_tile<Acc, true, R, true, false>(p, w, cw, acc, buf, &map_out);
     } else {
-      switch (p.out_dtype) {  // one branch a tile, not one an element
-        case GemmOut::kBf16:
-          uniform ? sm90_store_tile<__nv_bfloat16, false, R, true>(p, w, cw, acc, buf)
-                  : sm90_store_tile<__nv_bfloat16, false, R, false>(p, w, cw, acc, buf);
-          break;
-        case GemmOut::kF16:
-          uniform ? sm90_store_tile<__half, false, R, true>(p, w, cw, acc, buf)
-                  : sm90_store_tile<__half, false, R, false>(p, w, cw, acc, buf);
-          break;
-        case GemmOut::kF32:
-          uniform ? sm90_store_tile<float, false, R, true>(p, w, cw, acc, buf)
-                  : sm90_store_tile<float, false, R, false>(p, w, cw, acc, buf);
-          break;
-        default: sm90_store_tile<int32_t, false, R, true>(p, w, cw, acc, buf); break;
-      }
+      sm90_store_out<R, kTmaOut>(p, w, cw, acc, buf, &map_out, uniform);
     }
   }
+  if (kTmaOut && threadIdx.x % 128 == 0) tma_store_wait<0>();  // buf stays valid until the last store has read it
 #endif
 }
 

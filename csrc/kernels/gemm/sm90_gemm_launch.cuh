@@ -35,19 +35,41 @@ inline bool sm90_k_major_map(CUtensorMap* map, CUtensorMapDataType type, int elt
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
-// The launch of (pair, recipe) for layout nt: cudaErrorNotSupported where the maps cannot describe the operands.
-template <GemmPair kPair, class R>
-cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
+// The output [batch][m][n] as a 3-D map (n, m, batch) in boxes of 128 bytes x 64 rows, 128-byte swizzle: the
+// epilogue's staged halves (sm90_store_tile). False where TMA cannot describe it (a base address or stride not a
+// multiple of 16 bytes, an output type it has no map type for): the threads copy the tiles out then.
+inline bool sm90_out_map(CUtensorMap* map, const GemmParams& p) {
+  CUtensorMapDataType type;
+  int elt_bytes;
+  switch (p.out_dtype) {
+    case GemmOut::kBf16: type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; elt_bytes = 2; break;
+    case GemmOut::kF16: type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16; elt_bytes = 2; break;
+    case GemmOut::kF32: type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32; elt_bytes = 4; break;
+    case GemmOut::kS32: type = CU_TENSOR_MAP_DATA_TYPE_INT32; elt_bytes = 4; break;
+    default: return false;
+  }
+  if (p.transpose_out || p.out == nullptr) return false;
+  const int64_t row_bytes = p.out_row_stride * elt_bytes, batch_bytes = p.out_batch_stride * elt_bytes;
+  if (p.m > 1 && row_bytes % 16 != 0) return false;
+  if (p.batch > 1 && batch_bytes % 16 != 0) return false;
+  const uint64_t dims[3] = {uint64_t(p.n), uint64_t(p.m), uint64_t(p.batch)};
+  // A stride the map never steps over (one row, one batch) still has to be a valid one: any multiple of 16 bytes.
+  const int64_t one_row = (int64_t(p.n) * elt_bytes + 15) / 16 * 16;
+  const int64_t strides[2] = {p.m > 1 ? row_bytes : one_row,
+                              p.batch > 1 ? batch_bytes : (p.m > 1 ? row_bytes : one_row) * p.m};
+  const uint32_t box[3] = {uint32_t(128 / elt_bytes), 64, 1};
+  return encode_tensor_map_tiled(map, type, 3, p.out, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_NONE);
+}
+
+// One kernel of (pair, recipe): kTmaOut, its epilogue stores by TMA through map_out.
+template <GemmPair kPair, class R, bool kTmaOut>
+cudaError_t sm90_launch_kernel(const GemmParams& p, const CUtensorMap& map_a, const CUtensorMap& map_b,
+                               const CUtensorMap& map_out, cudaStream_t stream) {
   using P = Sm90Pair<kPair>;
-  CUtensorMap map_a, map_b;
-  if (!sm90_k_major_map(&map_a, P::kMapType, P::kEltBytes, p.a, p.m, p.k, p.a_row_stride, p.batch, p.a_batch_stride,
-                        R::kBM) ||
-      !sm90_k_major_map(&map_b, P::kMapType, P::kEltBytes, p.b, p.n, p.k, p.b_row_stride, p.batch, p.b_batch_stride,
-                        R::kBN))
-    return cudaErrorNotSupported;
   DeviceFacts facts{};
   ASTRAI_CUDA_TRY(current_device_facts(&facts));
-  auto* kernel = &gemm_sm90_kernel<kPair, R>;
+  auto* kernel = &gemm_sm90_kernel<kPair, R, kTmaOut>;
   static std::atomic<uint64_t> smem_set{0};
   ASTRAI_CUDA_TRY(allow_smem(kernel, R::kSmemBytes, smem_set));
   const int64_t tiles = int64_t(ceil_div(p.m, R::kBM)) * ceil_div(p.n, R::kBN) * p.batch;
@@ -68,7 +90,7 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
   bool pdl = false;
   if (q.tail_split <= 1) ASTRAI_CUDA_TRY(gemm_pdl(kernel, known_gemm, &pdl));
   ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, dim3(grid), dim3(R::kThreads), R::kSmemBytes, stream, pdl, map_a,
-                                         map_b, q));
+                                         map_b, map_out, q));
   if (q.tail_split > 1) {  // as a programmatic dependent, as the GEMM kernel (gemm_pdl)
     constexpr int kBlocksPerTile = R::kBM * R::kBN / (4 * kTailReduceThreads);
     auto* reduce = &gemm_sm90_tail_reduce_kernel<typename P::Acc, R>;
@@ -79,6 +101,23 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
   }
   if (q.split_k > 1) return launch_split_reduce<typename P::Acc>(q, stream);
   return cudaSuccess;
+}
+
+// The launch of (pair, recipe) for layout nt: cudaErrorNotSupported where the maps cannot describe the operands.
+// The TMA-store kernel where a map describes the output, and for split_k > 1 (its units all write the workspace, by
+// the threads: the map is never read; the kernel does not spill where the other one does).
+template <GemmPair kPair, class R>
+cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
+  using P = Sm90Pair<kPair>;
+  CUtensorMap map_a, map_b, map_out{};
+  if (!sm90_k_major_map(&map_a, P::kMapType, P::kEltBytes, p.a, p.m, p.k, p.a_row_stride, p.batch, p.a_batch_stride,
+                        R::kBM) ||
+      !sm90_k_major_map(&map_b, P::kMapType, P::kEltBytes, p.b, p.n, p.k, p.b_row_stride, p.batch, p.b_batch_stride,
+                        R::kBN))
+    return cudaErrorNotSupported;
+  if (p.split_k > 1 || sm90_out_map(&map_out, p))
+    return sm90_launch_kernel<kPair, R, true>(p, map_a, map_b, map_out, stream);
+  return sm90_launch_kernel<kPair, R, false>(p, map_a, map_b, map_out, stream);
 }
 
 // Recipe 4 (128 x 128) or 5 (128 x 256) of one pair. The fp8 pairs have recipe 4 only: their promoted
