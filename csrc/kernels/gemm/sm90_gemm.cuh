@@ -163,10 +163,10 @@ __device__ __forceinline__ int sm90_staged_unit(int r, int u) {
 
 // Stores a consumer warpgroup's 64 rows of a finished tile through `buf` (16 KB of shared memory, this warpgroup's)
 // in chunks of 64 rows x 256 bytes (sm90_staged_unit's layout): the threads write their fragments (converted) into
-// the chunk, then either (kTma) one thread stores the two halves by TMA (clipped at M and N)
-// and the warpgroup moves on, the store reading buf in the background until the next chunk's first barrier, or the
-// threads copy it out a 16-byte unit a thread, rows of 256 contiguous bytes (scalar stores where a unit runs past N
-// or is not 16-byte aligned in memory).
+// the chunk, then either (kTma) one thread stores its two halves by TMA (clipped at M and N) and the warpgroup moves
+// on, the store reading buf in the background until the next chunk's first barrier, or the threads copy it out a
+// 16-byte unit a thread, rows of 256 contiguous bytes (scalar stores where a unit runs past N or is not 16-byte
+// aligned in memory).
 //
 // kPartial: raw accumulators into the split's workspace slice (Out = Acc); Out = int32_t: the raw s32 output.
 // Otherwise acc * the a_scale of the row * the b_scale of the column + bias in fp32, then Out (store_out's
