@@ -1,9 +1,9 @@
 // Developer probe of the portable GEMM mainloop on the GPU in hand: (1) the mma.sync ceiling (bf16 m16n8k16 and
 // s8 m16n8k32 from registers, by warps per SM and independent accumulators per warp); (2) gemm_sm80_kernel under
 // tile recipes that the library does not ship (CTA and warp tiles, stages, resident CTAs), w16a16 and w8a8 at
-// prefill sizes, each checked bitwise against the shipped recipe 0 (the K order does not depend on the recipe);
-// (3) a register-pipelined form of the same mainloop (P variants: double fragment sets, the barrier mid-tile), not
-// shipped: slower than recipe 0 on its own tile (H100, thirty-second session). Not built by CMake; on a GPU:
+// prefill sizes, each checked bitwise against the shipped recipe 0 (the K order does not depend on the recipe).
+// A register-pipelined form of the mainloop was probed here too and dropped (slower than recipe 0, H100, thirty-second
+// session; its variants are in this file at commit 1cc4e1e). Not built by CMake; on a GPU:
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -DNDEBUG -Icsrc \
 //        -o gemm_mainloop_probe csrc/tools/gemm_mainloop_probe.cu
 //   ./gemm_mainloop_probe            # the recipe tables
@@ -19,8 +19,6 @@
 #include <vector>
 
 #include <cuda_runtime.h>
-
-#include <atomic>
 
 #include "kernels/gemm/sm80_gemm_launch.cuh"
 
@@ -96,193 +94,6 @@ double mma_peak(int sms, int warps_per_block, int blocks_per_sm) {
   return flop / (ms[2] * 1e-3) / 1e12;
 }
 
-// ---- (3) a register-pipelined mainloop (experiment) ------------------------------------------------------
-// gemm_sm80_kernel's tiles, copies and K order, with the fragments of the next 32-byte step loaded before the
-// current step's mma (two fragment sets), the barrier moved to the third step of a tile (so the tensor pipe holds
-// queued mma while the warps meet), the next tile's copies issued across steps 0 and 1, and the K-tile loop kept
-// rolled. nt, 16-bit and 8-bit pairs (not w8a16).
-template <class Pair, class R>
-__global__ void __launch_bounds__(R::kThreads, R::kMinBlocks) gemm_pipelined_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(Pair::kKind != Kind::kW8A16, "w8a16 keeps its own a fragments");
-  using S = Shape<Pair, R>;
-  using Acc = typename Pair::Acc;
-  extern __shared__ __align__(128) uint8_t smem[];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int warp_m = warp / R::kWarpsN, warp_n = warp % R::kWarpsN;
-  const int m0 = blockIdx.y * R::kBM, n0 = blockIdx.x * R::kBN;
-  const int split = blockIdx.z % p.split_k;
-  const int64_t bz = blockIdx.z / p.split_k;
-  const int k_tiles = ceil_div(p.k, Pair::kKTile);
-  const int kt_begin = split * p.k_tiles_per_split;
-  const int kt_end = min(k_tiles, kt_begin + p.k_tiles_per_split);
-  const int nk = max(0, kt_end - kt_begin);
-  const uint8_t* a_base = static_cast<const uint8_t*>(p.a) + bz * p.a_batch_stride * Pair::kABytes;
-  const uint8_t* b_base = static_cast<const uint8_t*>(p.b) + bz * p.b_batch_stride * Pair::kBBytes;
-  const int64_t a_row_bytes = p.a_row_stride * Pair::kABytes, b_row_bytes = p.b_row_stride * Pair::kBBytes;
-  const int64_t a_k_bytes = int64_t(p.k) * Pair::kABytes, b_k_bytes = int64_t(p.k) * Pair::kBBytes;
-  const uint32_t smem_base = smem_addr(smem);
-  constexpr int kACpr = S::kAPanels * 8, kARowStep = R::kThreads / kACpr;
-  constexpr int kAIters = (R::kBM * kACpr + R::kThreads - 1) / R::kThreads;
-  constexpr int kBRowStep = R::kThreads / 8, kBIters = (R::kBN * 8 + R::kThreads - 1) / R::kThreads;
-  const int a_row0 = tid / kACpr, a_chunk = tid % kACpr, b_row0 = tid >> 3, b_chunk = tid & 7;
-  const uint8_t* const a_src0 = a_base + int64_t(m0 + a_row0) * a_row_bytes + a_chunk * 16;
-  const uint8_t* const b_src0 = b_base + int64_t(n0 + b_row0) * b_row_bytes + b_chunk * 16;
-  const uint32_t a_off0 = tile_offset<R::kBM>(a_row0, a_chunk), b_off0 = tile_offset<R::kBN>(b_row0, b_chunk);
-  const bool a_inside = m0 + R::kBM <= p.m, b_inside = n0 + R::kBN <= p.n;
-  const int kt_inside = p.k / Pair::kKTile;
-  const int64_t a_row_step = kARowStep * a_row_bytes, b_row_step = kBRowStep * b_row_bytes;
-  constexpr bool kAEven = kAIters * kARowStep == R::kBM, kBEven = kBIters * kBRowStep == R::kBN;
-  auto load_a = [&](int stage, int kt) {
-    const uint32_t a_dst = smem_base + stage * S::kStageBytes + a_off0;
-    const int64_t a_kb = int64_t(kt) * S::kARowBytes;
-    if (a_inside && kt < kt_inside) {
-#pragma unroll
-      for (int r = 0; r < kAIters; ++r)
-        if (kAEven || a_row0 + r * kARowStep < R::kBM)
-          cp_async16_zfill_bytes(a_dst + r * kARowStep * 128, a_src0 + a_kb + r * a_row_step, 16);
-    } else {
-      const int a_bytes = chunk_bytes(a_k_bytes - a_kb - a_chunk * 16);
-#pragma unroll
-      for (int r = 0; r < kAIters; ++r) {
-        const int row = a_row0 + r * kARowStep;
-        if (row < R::kBM) {
-          const bool in = m0 + row < p.m && a_bytes > 0;
-          cp_async16_zfill_bytes(a_dst + r * kARowStep * 128,
-                                 in ? a_src0 + r * kARowStep * a_row_bytes + a_kb : a_base, in ? a_bytes : 0);
-        }
-      }
-    }
-  };
-  auto load_b = [&](int stage, int kt) {
-    const uint32_t b_dst = smem_base + stage * S::kStageBytes + S::kAStageBytes + b_off0;
-    const int64_t b_kb = int64_t(kt) * 128;
-    if (b_inside && kt < kt_inside) {
-#pragma unroll
-      for (int r = 0; r < kBIters; ++r)
-        if (kBEven || b_row0 + r * kBRowStep < R::kBN)
-          cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128, b_src0 + b_kb + r * b_row_step, 16);
-    } else {
-      const int b_bytes = chunk_bytes(b_k_bytes - b_kb - b_chunk * 16);
-#pragma unroll
-      for (int r = 0; r < kBIters; ++r) {
-        const int row = b_row0 + r * kBRowStep;
-        if (row < R::kBN) {
-          const bool in = n0 + row < p.n && b_bytes > 0;
-          cp_async16_zfill_bytes(b_dst + r * kBRowStep * 128,
-                                 in ? b_src0 + r * kBRowStep * b_row_bytes + b_kb : b_base, in ? b_bytes : 0);
-        }
-      }
-    }
-  };
-
-  Acc acc[S::kMI][S::kNI][4];
-#pragma unroll
-  for (int i = 0; i < S::kMI; ++i)
-#pragma unroll
-    for (int j = 0; j < S::kNI; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = Acc(0);
-  wait_prerequisites();
-#pragma unroll
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    if (s < nk) {
-      load_a(s, kt_begin + s);
-      load_b(s, kt_begin + s);
-    }
-    cp_async_commit();
-  }
-  uint32_t a_frag_off[4], b_frag_off[4];
-  {
-    const int b_row = warp_n * R::kWN + (lane & 7) + ((lane >> 4) << 3);
-    const int a_row = warp_m * R::kWM + (lane & 15);
-#pragma unroll
-    for (int step = 0; step < 4; ++step) {
-      b_frag_off[step] = S::kAStageBytes + tile_offset<R::kBN>(b_row, step * 2 + ((lane >> 3) & 1));
-      a_frag_off[step] = tile_offset<R::kBM>(a_row, step * 2 + (lane >> 4));
-    }
-  }
-  uint32_t fa[2][S::kMI][4], fb[2][S::kNI][2];
-  auto load_frags = [&](int buf, uint32_t st, int step) {
-#pragma unroll
-    for (int j = 0; j < S::kNI; j += 2) {
-      uint32_t r[4];
-      ldmatrix_x4(r, st + b_frag_off[step] + j * 8 * 128);
-      fb[buf][j][0] = r[0];
-      fb[buf][j][1] = r[1];
-      fb[buf][j + 1][0] = r[2];
-      fb[buf][j + 1][1] = r[3];
-    }
-#pragma unroll
-    for (int i = 0; i < S::kMI; ++i) ldmatrix_x4(fa[buf][i], st + a_frag_off[step] + i * 16 * 128);
-  };
-  cp_async_wait<S::kStages - 2>();
-  __syncthreads();
-  int read_stage = 0, write_stage = S::kStages - 1;
-  load_frags(0, smem_base, 0);
-#pragma unroll 1
-  for (int it = 0; it < nk; ++it) {
-    const uint32_t st = smem_base + read_stage * S::kStageBytes;
-    const int next_stage = read_stage + 1 == S::kStages ? 0 : read_stage + 1;
-    const bool refill = it + S::kStages - 1 < nk;
-#pragma unroll
-    for (int step = 0; step < 4; ++step) {
-      load_frags((step + 1) & 1, step < 3 ? st : smem_base + next_stage * S::kStageBytes, (step + 1) & 3);
-      if (step == 0 && refill) load_a(write_stage, kt_begin + it + S::kStages - 1);
-      if (step == 1) {
-        if (refill) load_b(write_stage, kt_begin + it + S::kStages - 1);
-        cp_async_commit();
-      }
-#pragma unroll
-      for (int i = 0; i < S::kMI; ++i)
-#pragma unroll
-        for (int j = 0; j < S::kNI; ++j) Pair::mma(acc[i][j], fa[step & 1][i], fb[step & 1][j][0], fb[step & 1][j][1]);
-      if (step == 2) {
-        cp_async_wait<S::kStages - 2>();  // tile it + 1 landed (step 3 reads its first fragments)
-        __syncthreads();                   // and every warp is done with stage it - 1 (refilled next tile)
-      }
-    }
-    read_stage = next_stage;
-    write_stage = write_stage + 1 == S::kStages ? 0 : write_stage + 1;
-  }
-  cp_async_wait<0>();
-  launch_dependents();
-  const int g = lane >> 2, t = lane & 3;
-  const bool partial = p.split_k > 1;
-#pragma unroll
-  for (int i = 0; i < S::kMI; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + warp_m * R::kWM + i * 16 + g + 8 * h;
-      if (row >= p.m) continue;
-#pragma unroll
-      for (int j = 0; j < S::kNI; ++j) {
-        const int col = n0 + warp_n * R::kWN + j * 8 + 2 * t;
-        if (col >= p.n) continue;
-        const bool two = col + 1 < p.n;
-        const Acc v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-        if (partial) {
-          Acc* w = static_cast<Acc*>(p.workspace) + (int64_t(blockIdx.z) * p.m + row) * p.n + col;
-          w[0] = v0;
-          if (two) w[1] = v1;
-        } else {
-          store_out<Acc>(p, bz, row, col, v0, v1, two);
-        }
-      }
-    }
-  }
-}
-
-template <class Pair, class R>
-cudaError_t launch_pipelined(const GemmParams& p, cudaStream_t stream) {
-  using S = Shape<Pair, R>;
-  static std::atomic<uint64_t> smem_set{0};
-  auto* kernel = &gemm_pipelined_kernel<Pair, R>;
-  ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
-  const dim3 grid(unsigned(ceil_div(p.n, R::kBN)), unsigned(ceil_div(p.m, R::kBM)), unsigned(p.batch * p.split_k));
-  kernel<<<grid, R::kThreads, S::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
-}
-
 // ---- (2) recipes ---------------------------------------------------------------------------------------
 // Recipe<BM, BN, WM, WN, max stages, min CTAs per SM, shared-memory budget KB>
 using V0 = RecipeM128N128;                          // shipped recipe 0: 8 warps of 64x32, 3 stages, 2 CTAs/SM
@@ -308,14 +119,9 @@ struct Variant {
   Variant { #R, [](const GemmParams& p, cudaStream_t s) { return launch_recipe<PairBf16Bf16, R>(p, s); }, \
             [](const GemmParams& p, cudaStream_t s) { return launch_recipe<PairS8S8, R>(p, s); } }
 
-#define PIPELINED(NAME, R) \
-  Variant { NAME, [](const GemmParams& p, cudaStream_t s) { return launch_pipelined<PairBf16Bf16, R>(p, s); }, \
-            [](const GemmParams& p, cudaStream_t s) { return launch_pipelined<PairS8S8, R>(p, s); } }
-
-// P*: the register-pipelined mainloop (section 3) on the V recipe of the same number.
 static std::vector<Variant> variants() {
-  return {VARIANT(V0), VARIANT(V1), VARIANT(V5), VARIANT(V8), PIPELINED("P0", V0), PIPELINED("P1", V1),
-          PIPELINED("P2", V2), PIPELINED("P5", V5), PIPELINED("P7", V7), PIPELINED("P8", V8)};
+  return {VARIANT(V0), VARIANT(V1), VARIANT(V2), VARIANT(V3), VARIANT(V4), VARIANT(V5), VARIANT(V6),
+          VARIANT(V7), VARIANT(V8), VARIANT(V9), VARIANT(V10), VARIANT(V11), VARIANT(V12)};
 }
 
 __global__ void fill_kernel(uint16_t* bf, int8_t* s8, int64_t n, uint32_t seed) {
