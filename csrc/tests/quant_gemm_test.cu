@@ -581,6 +581,10 @@ std::vector<Case> shapes_for(int pair, int layout, int recipe) {
   if (recipe >= kGemmFirstSm90Recipe) {  // the persistent kernel: more units than SMs, so CTAs walk several
     v.push_back(shape(600, 4 * tn + 3, 2 * kt + kmin, 2));
     v.back().batch = 3;
+    // Rows 16-byte aligned (tn + 8 elements apart) but N off 8: TMA, which stores whole 16-byte chunks, must not
+    // write the padding's 3 columns.
+    v.push_back(shape(129, tn + 5, 2 * kt + kmin, 1));
+    v.back().out_pad = 3;
   }
   if (recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1) {
     // split_k 0, the last wave split along K: 16 tiles (all of them split, a broadcast a), then 136 tiles (one

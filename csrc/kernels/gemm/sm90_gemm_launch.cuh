@@ -49,6 +49,10 @@ inline bool sm90_out_map(CUtensorMap* map, const GemmParams& p) {
     default: return false;
   }
   if (p.transpose_out || p.out == nullptr) return false;
+  // TMA stores whole 16-byte chunks: a row whose end is not on a 16-byte boundary would have the bytes up to the next
+  // boundary overwritten (past the tensor at M = 1, into a padded row's other columns), so such outputs keep the
+  // threads' copy-out.
+  if (int64_t(p.n) * elt_bytes % 16 != 0) return false;
   const int64_t row_bytes = p.out_row_stride * elt_bytes, batch_bytes = p.out_batch_stride * elt_bytes;
   if (p.m > 1 && row_bytes % 16 != 0) return false;
   if (p.batch > 1 && batch_bytes % 16 != 0) return false;
