@@ -282,6 +282,34 @@ def test_sm90_persistent_units_batch_broadcast(pair, plan):
     assert torch.isfinite(out).all() and rel_error(out, want) < bound, rel_error(out, want)
 
 
+@pytest.mark.parametrize("plan", [(4, 1), (5, 1)], ids=lambda p: f"r{p[0]}s{p[1]}")
+@pytest.mark.parametrize("pair, out_dtype", [((torch.bfloat16, torch.bfloat16), torch.bfloat16),
+                                             ((torch.bfloat16, torch.bfloat16), torch.float32),
+                                             ((torch.int8, torch.int8), torch.int32)], ids=["bf16", "bf16-f32", "s32"])
+def test_sm90_out_keeps_the_bytes_past_a_row(plan, pair, out_dtype):
+    """TMA stores whole 16-byte chunks: an output row that ends off a 16-byte boundary must not have the bytes after
+    it written, neither past the tensor (M = 1, the output the first N elements of a poisoned buffer) nor into the
+    padding columns of a view whose rows are 16-byte aligned (out = buf[:, :N], N off 8). Found by quant_gemm_test's
+    guard on an H100 (thirty-third session); the launcher keeps such outputs off the TMA store."""
+    skip_without_sm90()
+    ta, tb = pair
+    n, pad, k = 133, 3, 272
+    for m in (1, 129):
+        a, b = operand(ta, (m, k)), operand(tb, (n, k))
+        buf = torch.empty((m, n + pad) if m > 1 else (n + 64,), device=DEVICE, dtype=out_dtype)
+        buf.view(torch.uint8).fill_(0xFF if out_dtype != torch.int32 else 0x80)
+        poison = buf.clone()
+        out = buf[:, :n] if m > 1 else buf[:n].view(1, n)
+        ops.quant_gemm(a, b, out=out, plan=plan)
+        rest = buf[:, n:] if m > 1 else buf[n:]
+        kept = poison[:, n:] if m > 1 else poison[n:]
+        assert torch.equal(rest.view(torch.uint8), kept.view(torch.uint8)), f"M = {m}: bytes past a row written"
+        if out_dtype == torch.int32:
+            assert torch.equal(out.cpu().long(), reference(a.cpu(), b.cpu()).long()), f"M = {m}"
+        else:
+            assert rel_error(out, reference(a, b)) < (1e-5 if out_dtype == torch.float32 else 1e-2), f"M = {m}"
+
+
 @pytest.mark.parametrize("plan", [(4, 1), (5, 4), (4, 16)], ids=lambda p: f"r{p[0]}s{p[1]}")
 def test_sm90_int8_exact_and_repeatable(plan):
     """int8 x int8 -> int32 exact against the integer reference (split 16 of 8 K tiles: empty slices add zeros);
