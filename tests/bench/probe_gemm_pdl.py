@@ -10,11 +10,17 @@ CUDA-graph replay over bench_gemm's rotated input sets:
   (+pad on - pad).
 The default launch is timed first in every cell: alternate images or runs before reading small differences.
 
-    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_pdl.py [quick]      # from the repository root, on a GPU
+`tail`: the Hopper recipes at split 1 (PDL on and off) against the last wave split (split 0, launched plainly), the
+same two ways (back to back, +pad), at M = 1024 / 4096 on the shapes where the thirty-third session's H100 probe
+timed split 0 up to 12% ahead in a back-to-back graph while the H200 sweeps (each call alone) had it ~1% behind:
+whether PDL, the regime or the split itself makes the difference (docs/benchmarks.md).
+
+    PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_pdl.py [quick|tail]      # from the repository root, on a GPU
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +41,42 @@ def med(step, sets, calls):
     return statistics.median(gpu_timing.time_graph(step, sets, calls, 20))
 
 
+# tail mode: (pair, recipe, M, N, K)
+TAIL_CELLS = [("w16a16", 5, 4096, 6144, 4096), ("w16a16", 5, 4096, 4096, 14336), ("w16a16", 5, 4096, 14336, 4096),
+              ("w16a16", 5, 4096, 4096, 4096), ("fp8_row", 4, 4096, 4096, 7168), ("fp8_row", 4, 4096, 14336, 4096),
+              ("fp8_tensor", 4, 4096, 14336, 4096), ("w8a8", 5, 4096, 14336, 4096), ("w16a16", 4, 1024, 14336, 4096)]
+
+
+def tail() -> None:
+    print(f"{'pair':11} {'r':>1} {'M':>5} {'N':>6} {'K':>6} | {'s1 on':>7} {'s1 off':>7} {'s0':>7} {'s0/s1on':>7} | "
+          f"{'+pad s1 on':>10} {'+pad s1 off':>11} {'+pad s0':>8} {'pad':>6} {'s0/s1on+pad':>11}")
+    ops.load()
+    for pair, recipe, m, n, k in TAIL_CELLS:
+        n_sets, calls = bg.sets_and_calls(bg.kernel_bytes(pair, m, n, k), bg.estimate_us(pair, m, n, k),
+                                          gpu_timing.l2_bytes())
+        sets = [bg.make_set(pair, m, n, k) for _ in range(n_sets)]
+        for s in sets:
+            s["pad"] = torch.zeros(1, device="cuda")
+        split1 = bg.kernel_step(pair, m, functools.partial(ops.quant_gemm, plan=(recipe, 1)))
+        split0 = bg.kernel_step(pair, m, functools.partial(ops.quant_gemm, plan=(recipe, ops.TAIL_SPLIT)))
+        padded = lambda step: lambda s: (step(s), s["pad"].add_(1))  # noqa: E731
+        gemm_plan.set_staging(pdl=True)
+        on, on_p = med(split1, sets, calls), med(padded(split1), sets, calls)
+        gemm_plan.set_staging(pdl=False)
+        off, off_p = med(split1, sets, calls), med(padded(split1), sets, calls)
+        gemm_plan.set_staging(pdl=True)
+        s0, s0_p = med(split0, sets, calls), med(padded(split0), sets, calls)
+        p = med(lambda s: s["pad"].add_(1), sets, calls)
+        print(f"{pair:11} {recipe:1d} {m:5d} {n:6d} {k:6d} | {on:7.2f} {off:7.2f} {s0:7.2f} {s0 / on:7.3f} | "
+              f"{on_p:10.2f} {off_p:11.2f} {s0_p:8.2f} {p:6.2f} {(s0_p - p) / (on_p - p):11.3f}", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["tail"]:
+        tail()
+        return
     ms = [1, 16] if argv[:1] == ["quick"] else MS
     print(f"{'pair':11} {'M':>5} {'N':>6} {'K':>6} {'plan':>8} | {'on':>7} {'off':>7} {'off/on':>6} | "
           f"{'+pad on':>8} {'+pad off':>8} {'pad':>6} | {'anchor':>7} {'anc+pad':>8} | "
