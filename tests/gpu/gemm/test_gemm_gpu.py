@@ -798,3 +798,49 @@ def test_pdl_off_same_bits(plan):
         assert_bitwise_equal(ops.quant_gemm(a, b, b_scale=sb, plan=plan), y, "set_staging(pdl=False)")
     finally:
         gemm_plan.set_staging(pdl=True)
+
+
+# --- 64-bit indexing -----------------------------------------------------------------------------------------------
+
+# (M, N, K, plan): the output past 2^31 elements (M x N = 2^31 + 129 x 8192); split 2 on an output past 2^30, so its
+# fp32 partials pass 2^31; a [M, 64] past 2^31 elements itself (only the persistent Hopper kernels take its 262145 tile
+# rows: the portable grids stop at 65535). Nothing is compiled for these: they reach the kernels' offsets past 2^31.
+BIG_OUT = (2**31 // 8192 + 129, 8192, 64)
+BIG_SPLIT = (2**30 // 8192 + 129, 8192, 2048)
+BIG_A = (2**31 // 64 + 129, 64, 64)
+assert BIG_OUT[0] * BIG_OUT[1] > 2**31 and 2 * BIG_SPLIT[0] * BIG_SPLIT[1] > 2**31 and BIG_A[0] * BIG_A[2] > 2**31
+BIG_CASES = ([("w16a16", BIG_OUT, p) for p in [None, (0, 1), (1, 1), (3, 1), (4, 1), (5, 1), (4, 0)]]
+             + [("w16a16", BIG_SPLIT, p) for p in [(0, 2), (5, 2)]]
+             + [("w16a16", BIG_A, p) for p in [(4, 1), (5, 1)]]
+             + [("w8a16", BIG_OUT, p) for p in [None, (0, 1), (1, 1), (7, 1), (8, 1), (9, 1)]]
+             + [("w8a16", BIG_SPLIT, p) for p in [(8, 2)]]
+             + [("w8a16", BIG_A, p) for p in [(7, 1), (8, 1)]])
+
+
+@pytest.mark.parametrize("pair, shape, plan", BIG_CASES,
+                         ids=[f"{c[0]}-M{c[1][0]}-N{c[1][1]}-K{c[1][2]}-" + (f"p{c[2][0]}s{c[2][1]}" if c[2] else "chain")
+                              for c in BIG_CASES])
+def test_64bit_indexing_past_2_31_elements(pair, shape, plan):
+    """An output, a split's partials or an operand past 2^31 elements: offsets must not wrap. The output poisoned
+    (NaN), then rows sampled from the start, the middle and the last 64 against float64 (the rows past 2^31 elements
+    among them), and no NaN left in them."""
+    m, n, k = shape
+    ta, tb = torch.bfloat16, (torch.bfloat16 if pair == "w16a16" else torch.int8)
+    if plan is not None:
+        skip_if_no_recipe(plan[0], ta, tb)
+    split = plan[1] if plan and plan[1] > 1 else 1
+    need = m * n * 2 + m * k * 2 + (m * n * 4 * split if split > 1 else 0)
+    free, _ = torch.cuda.mem_get_info()
+    if free < need * 1.25 + 2**30:
+        pytest.skip(f"needs ~{need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+    a = operand(ta, (m, k))
+    b = operand(tb, (n, k))
+    sb = torch.rand(n, device=DEVICE) / 64 + 1e-3 if tb == torch.int8 else None
+    out = torch.full((m, n), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    ops.quant_gemm(a, b, b_scale=sb, out=out, plan=plan)
+    torch.cuda.synchronize()
+    rows = torch.cat([torch.arange(64), torch.randint(64, m - 64, (64,)), torch.arange(m - 64, m)]).to(DEVICE)
+    got = out[rows]
+    want = reference(a[rows], b, b_scale=sb)
+    assert not torch.isnan(got).any(), f"rows {rows[torch.isnan(got).any(1)].tolist()[:8]} not (fully) written"
+    assert rel_error(got, want) < 1e-2, rel_error(got, want)
