@@ -194,6 +194,13 @@ INVALID = {
     "int32 out for fp8": (dict(a=operand(E4M3, M, K), b=operand(E4M3, N, K), out_dtype=torch.int32),
                           r"out_dtype must be one of"),
     "out_dtype int8": (dict(out_dtype=torch.int8), r"out_dtype must be one of"),
+    # Another device than a's (the meta device stands in for a second GPU here; tests/gpu covers CUDA vs CPU).
+    "b on another device": (dict(b=operand(torch.int8, N, K).to("meta")), r"b must be on a's device cpu, got meta"),
+    "a_scale on another device": (dict(a_scale=torch.ones(M, device="meta")),
+                                  r"a_scale must be on a's device cpu, got meta"),
+    "b_scale on another device": (dict(b_scale=torch.ones(N, device="meta")),
+                                  r"b_scale must be on a's device cpu, got meta"),
+    "bias on another device": (dict(bias=torch.ones(N, device="meta")), r"bias must be on a's device cpu, got meta"),
 }
 
 
@@ -212,6 +219,8 @@ def test_validation_out_and_layout():
         quant_gemm(a, b, out=torch.empty(N, M), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: out\.dtype must be one of"):
         quant_gemm(a, b, out=torch.empty(M, N, dtype=torch.int8), path="torch", **kw)
+    with pytest.raises(ValueError, match=r"^quant_gemm: out must be on a's device cpu, got meta"):
+        quant_gemm(a, b, out=torch.empty(M, N, device="meta"), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: layout must be one of .*got 'xt'"):
         quant_gemm(a, b, layout="xt", path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: path must be one of"):

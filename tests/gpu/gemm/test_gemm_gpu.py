@@ -229,6 +229,28 @@ def test_batch_invariant_plan(pair):
         assert_bitwise_equal(row, full[i:i + 1], f"row {i}")
 
 
+@pytest.mark.parametrize("where", ["b_scale", "bias", "out"])
+def test_operands_on_two_devices_refused(where):
+    """An argument off a's GPU is refused before launch, naming it: by the public function (ValueError) and by the op
+    itself (RuntimeError), with a CPU tensor and, where the machine has two GPUs, a tensor on the other one."""
+    m, n, k = 8, 64, 128
+    a, b = operand(torch.bfloat16, (m, k)), operand(torch.int8, (n, k))
+    others = ["cpu"] + (["cuda:1"] if torch.cuda.device_count() > 1 else [])
+    for other in others:
+        kw = {"b_scale": torch.ones(n, device=DEVICE), "bias": None, "out": None}
+        kw[where] = (torch.ones(n, device=other) if where != "out"
+                     else torch.empty(m, n, device=other, dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match=rf"^quant_gemm: {where} must be on a's device cuda:0, got {other}"):
+            ae.quant_gemm(a, b, **kw)
+        sb, bias, out = kw["b_scale"], kw["bias"], kw["out"]
+        with pytest.raises(RuntimeError, match=rf"astrai\.quant_gemm(_out)?: {where} must be on the same device as a "
+                                               rf"\(cuda:0\), got {other}"):
+            if out is None:
+                torch.ops.astrai.quant_gemm(a, b, None, sb, bias, torch.bfloat16, 0, 0, 1)
+            else:
+                torch.ops.astrai.quant_gemm_out(a, b, None, sb, bias, 0, 0, 1, out)
+
+
 def test_fp8_refused():
     if not fp8_blocked():
         pytest.skip("fp8 runs under this image (test_matches_float64 covers it)")
