@@ -576,10 +576,14 @@ def test_info_survives_a_bad_seed_file(monkeypatch, tmp_path):
     ((E4M3, E4M3, 0, 0, 1, 256, 4096, 1, 120, False, 120), ""),
     ((BF16, I8, 1, 7, 1, 256, 4096, 1, 90, True, 90), "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only"),
     ((BF16, BF16, 0, 2, 1, 65535 * 16 + 1, 64, 1, 80, False, 80),
-     "M = 1048561 needs more than 65535 tiles of 16 rows for recipe 2: pick recipe 0 or split the call"),
+     "M = 1048561 needs more than 65535 tiles of 16 rows for recipe 2: pick recipe 0 (up to 8388480 rows) or split "
+     "the call along M (at most 1048560 rows a call with this recipe)"),
     ((BF16, BF16, 3, 2, 1, 64, 65535 * 16 + 1, 1, 80, False, 80),
      "N = 1048561 needs more than 65535 tiles of 16 rows for recipe 2 (layout tt runs as y^T = b a): pick recipe 0 "
-     "or split the call"),
+     "(up to 8388480 rows) or split the call along N (at most 1048560 rows a call with this recipe)"),
+    ((BF16, BF16, 0, 0, 1, 65535 * 128 + 1, 64, 1, 80, False, 80),
+     "M = 8388481 needs more than 65535 tiles of 128 rows for recipe 0: split the call along M (at most 8388480 rows "
+     "a call with this recipe)"),
     ((BF16, BF16, 0, 0, 2, 64, 64, 40000, 80, False, 80), "batch * split_k must be <= 65535, got 40000 * 2"),
     ((BF16, BF16, 0, 10, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 10), got 10"),
     ((BF16, BF16, 7, 0, 1, 64, 64, 1, 80, False, 80), "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got 7"),

@@ -133,9 +133,14 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
   const bool swaps = gemm_swaps_operands(pair, layout);
   const int64_t grid_rows = swaps ? n : m;
   if ((grid_rows + tm - 1) / tm > kGemmMaxGridYZ) {
-    why << (swaps ? "N = " : "M = ") << grid_rows << " needs more than " << kGemmMaxGridYZ << " tiles of " << tm
-        << " rows for recipe " << recipe << (swaps ? " (layout tt runs as y^T = b a)" : "")
-        << ": pick recipe 0 or split the call";
+    // Recipe 0's 128-row tiles reach the furthest of the recipes every device runs; the advice names it only where it
+    // reaches further than this recipe.
+    const int64_t tm0 = gemm_recipe_tile_m(0);
+    const char* dim = swaps ? "N" : "M";
+    why << dim << " = " << grid_rows << " needs more than " << kGemmMaxGridYZ << " tiles of " << tm
+        << " rows for recipe " << recipe << (swaps ? " (layout tt runs as y^T = b a)" : "") << ": ";
+    if (tm < tm0) why << "pick recipe 0 (up to " << kGemmMaxGridYZ * tm0 << " rows) or ";
+    why << "split the call along " << dim << " (at most " << kGemmMaxGridYZ * tm << " rows a call with this recipe)";
     return why.str();
   }
   if (batch * split_k > kGemmMaxGridYZ) {
