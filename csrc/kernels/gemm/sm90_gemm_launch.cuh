@@ -57,8 +57,9 @@ inline bool sm90_out_map(CUtensorMap* map, const GemmParams& p) {
   if (p.m > 1 && row_bytes % 16 != 0) return false;
   if (p.batch > 1 && batch_bytes % 16 != 0) return false;
   const uint64_t dims[3] = {uint64_t(p.n), uint64_t(p.m), uint64_t(p.batch)};
-  // A stride the map never steps over (one row, one batch) still has to be a valid one: any multiple of 16 bytes.
-  const int64_t one_row = (int64_t(p.n) * elt_bytes + 15) / 16 * 16;
+  // A stride the map never steps over (one row, one batch) still has to be a valid one: a row's bytes (a multiple of
+  // 16 bytes, above).
+  const int64_t one_row = int64_t(p.n) * elt_bytes;
   const int64_t strides[2] = {p.m > 1 ? row_bytes : one_row,
                               p.batch > 1 ? batch_bytes : (p.m > 1 ? row_bytes : one_row) * p.m};
   const uint32_t box[3] = {uint32_t(128 / elt_bytes), 64, 1};

@@ -26,6 +26,15 @@ def registered() -> list[bool]:
     return [torch._C._dispatch_has_kernel_for_dispatch_key("aten::linear", k) for k in ("AutogradCUDA", "CUDA")]
 
 
+def _fp8_unserved() -> str | None:
+    """Why quant_gemm's kernels cannot run fp8_autocast's GEMMs under this image (None: they can), e.g. the compute_80
+    PTX image: no fp8 mma code."""
+    from astrai.extension.backend import quantize as backend
+    e4m3 = torch.zeros(16, 16, device=DEVICE, dtype=torch.float8_e4m3fn)
+    unit = torch.ones((), device=DEVICE)
+    return backend.fp8_gemm_blocker(e4m3, e4m3, unit, unit, None)
+
+
 def _mlp_and_input():
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(
         DEVICE, torch.bfloat16)
@@ -131,9 +140,7 @@ def test_every_fp8_gemm_runs_on_quant_gemm_and_matches_scaled_mm(recipe, monkeyp
     gradients equal the _scaled_mm route's up to float32 summation order."""
     from astrai.extension import _fallbacks
     from astrai.extension.backend import quantize as backend
-    e4m3 = torch.zeros(16, 16, device=DEVICE, dtype=torch.float8_e4m3fn)
-    unit = torch.ones((), device=DEVICE)
-    reason = backend.fp8_gemm_blocker(e4m3, e4m3, unit, unit, None)
+    reason = _fp8_unserved()
     if reason is not None:  # e.g. the compute_80 PTX image: no fp8 mma code
         pytest.skip(f"quant_gemm's kernels do not serve fp8 here: {reason}")
 
@@ -172,10 +179,7 @@ def test_small_transformer_tracks_its_bf16_loss_curve(recipe):
     from support.fp8_training import curve_gap, train_lm
 
     from astrai.extension import _fallbacks
-    from astrai.extension.backend import quantize as backend
-    e4m3 = torch.zeros(16, 16, device=DEVICE, dtype=torch.float8_e4m3fn)
-    unit = torch.ones((), device=DEVICE)
-    unserved = backend.fp8_gemm_blocker(e4m3, e4m3, unit, unit, None)
+    unserved = _fp8_unserved()
     want, _ = train_lm(None, DEVICE, 300, torch.bfloat16)
     _fallbacks.reset()
     got, routed = train_lm(recipe, DEVICE, 300, torch.bfloat16)
