@@ -51,7 +51,7 @@ void check_vec_layout(const char* op, const char* name, const Tensor& t) {
   bool ok = aligned16(t);
   for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && stride_of(t, d) % 8 == 0;
   check(ok, op, name, " must be 16-byte aligned with strides (except the last) that are multiples of 8 ",
-        "elements, got strides ", binding::strides_str(t), " (call .contiguous())");
+        "elements, got strides ", binding::strides_text(t), " (call .contiguous())");
 }
 
 // q, K and V: the 16-byte layout, then one CUDA device (device checks last, so that a CPU-dispatched call
@@ -70,7 +70,7 @@ void check_int32_vector(const char* op, const char* name, const Tensor& t, int64
   binding::check_dtype(op, name, t, ScalarType::Int);
   binding::check_rank(op, name, t, 1, what);
   check(t.size(0) == size, op, name, " must have ", size, " elements ", what, ", got ", t.size(0));
-  check(t.size(0) <= 1 || t.stride(0) == 1, op, name, " must be contiguous, got strides ", binding::strides_str(t));
+  check(t.size(0) <= 1 || t.stride(0) == 1, op, name, " must be contiguous, got strides ", binding::strides_text(t));
   binding::check_element_aligned(op, name, t);
 }
 
@@ -84,7 +84,7 @@ int32_t log2_exact(int64_t v) {
 AttnTarget target_of(const char* op, int32_t device_index) {
   AttnTarget target{};
   binding::check_cuda_status(attn_device_target(device_index, &target), op,
-                             "querying the device facts of cuda:" + std::to_string(device_index));
+                             [&] { return "querying the device facts of cuda:" + std::to_string(device_index); });
   return target;
 }
 
@@ -128,7 +128,7 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
   check(attn_head_dim_supported(d), op, "head_dim (q.size(2)) must be 64, 128 or 256, got ", d);
   check(a.k.size(3) == d, op, kname, ".size(3) must equal head_dim = q.size(2) = ", d, ", got ", a.k.size(3));
   check(a.v.sizes().equals(a.k.sizes()), op, vname, " must have the shape of ", kname, " ",
-        binding::shape_str(a.k), ", got ", binding::shape_str(a.v));
+        binding::shape_text(a.k), ", got ", binding::shape_text(a.v));
   check(hkv >= 1 && hq >= 1 && hq % hkv == 0, op, "q heads (q.size(1) = ", hq, ") must be a positive multiple of ",
         "kv heads (", kname, ".size(2) = ", hkv, ")");
   check(batch <= 65535, op, "batch (q.size(0)) must be at most 65535, got ", batch);
@@ -143,8 +143,8 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
     check(pt.size(0) == batch, op, "page_table.size(0) must equal the batch q.size(0) = ", batch, ", got ",
           pt.size(0));
     check(pt.size(1) <= 1 || pt.stride(1) == 1, op, "page_table must have stride 1 in its last dimension, got ",
-          binding::strides_str(pt));
-    check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_str(pt));
+          binding::strides_text(pt));
+    check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_text(pt));
     check(num_pages <= INT32_MAX, op, "k_cache.size(0) (pages) must fit in int32, got ", num_pages);
     max_kv_len = pt.size(1) * page_size;
     check(a.kv_lens.has_value(), op, "kv_lens is required for the paged cache");
@@ -167,8 +167,8 @@ DecodeParams make_decode_params(const char* op, const DecodeArgs& a) {
     }
     check(m.size(1) <= INT32_MAX, op, "mask.size(1) must fit in int32, got ", m.size(1));
     check(m.size(1) <= 1 || m.stride(1) == 1, op, "mask must have stride 1 in its last dimension, got ",
-          binding::strides_str(m));
-    check(m.stride(0) >= 0, op, "mask must have non-negative strides, got ", binding::strides_str(m));
+          binding::strides_text(m));
+    check(m.stride(0) >= 0, op, "mask must have non-negative strides, got ", binding::strides_text(m));
   }
   check(std::isfinite(a.scale) && a.scale != 0.0, op, "scale must be finite and non-zero, got ", a.scale);
   check(a.kv_split_size >= 0, op, "kv_split_size must be >= 0 (0: automatic), got ", a.kv_split_size);
@@ -241,7 +241,8 @@ Tensor decode(const char* op, const DecodeArgs& a) {
     p.partial_lse_ptr = static_cast<float*>(partial_lse->data_ptr());
   }
   const cudaStream_t stream = binding::current_cuda_stream(op, device);
-  binding::check_cuda_status(attn_decode_bf16_launch(p, launch, stream), op, config_str(p, launch, device));
+  binding::check_cuda_status(attn_decode_bf16_launch(p, launch, stream), op,
+                             [&] { return config_str(p, launch, device); });
   return out;
 }
 
@@ -262,7 +263,7 @@ Tensor attn_decode_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        const std::optional<Tensor>& mask, double scale, int64_t kv_split_size) {
   const std::optional<Tensor> no_table;
   make_decode_params(kOpDecode, DecodeArgs{q, k, v, no_table, kv_lens, mask, scale, kv_split_size});
-  fail(kOpDecode, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpDecode, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 Tensor attn_paged_decode_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& page_table,
@@ -270,7 +271,7 @@ Tensor attn_paged_decode_cpu(const Tensor& q, const Tensor& k_cache, const Tenso
                              int64_t kv_split_size) {
   const std::optional<Tensor> table(page_table), lens(kv_lens);
   make_decode_params(kOpPagedDecode, DecodeArgs{q, k_cache, v_cache, table, lens, mask, scale, kv_split_size});
-  fail(kOpPagedDecode, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpPagedDecode, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 // ---- prefill --------------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
   check(a.k.size(k_head_axis + 1) == d, op, kname, ".size(", k_head_axis + 1, ") must equal head_dim = ", d, ", got ",
         a.k.size(k_head_axis + 1));
   check(a.v.sizes().equals(a.k.sizes()), op, vname, " must have the shape of ", kname, " ",
-        binding::shape_str(a.k), ", got ", binding::shape_str(a.v));
+        binding::shape_text(a.k), ", got ", binding::shape_text(a.v));
   check(hkv >= 1 && hq >= 1 && hq % hkv == 0, op, "q heads (q.size(", q_head_axis, ") = ", hq,
         ") must be a positive multiple of kv heads (", kname, ".size(", k_head_axis, ") = ", hkv, ")");
   check(q_rows <= INT32_MAX, op, ragged_q ? "q.size(0) (Tq)" : "q.size(1) (Lq)", " must fit in int32, got ", q_rows);
@@ -360,8 +361,8 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
     page_size = a.k.size(1);
     if (!attn_page_size_supported(page_size)) fail(op, "page_size (k_cache.size(1)) ", attn_page_size_rule(page_size));
     check(pt.size(1) <= 1 || pt.stride(1) == 1, op, "page_table must have stride 1 in its last dimension, got ",
-          binding::strides_str(pt));
-    check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_str(pt));
+          binding::strides_text(pt));
+    check(pt.stride(0) >= 0, op, "page_table must have non-negative strides, got ", binding::strides_text(pt));
     binding::check_element_aligned(op, "page_table", pt);
     check(num_pages <= INT32_MAX, op, "k_cache.size(0) (pages) must fit in int32, got ", num_pages);
     max_kv_len = pt.size(1) * page_size;
@@ -384,7 +385,7 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
     const char* keys = mask_len_free ? "M" : "L";
     binding::check_dtype(op, "mask", m, ScalarType::Bool);
     check(m.dim() == 2 || m.dim() == 3, op, "mask must be 2-D [B, ", keys, "] or 3-D [B, ", rows, ", ", keys,
-          "], got ", m.dim(), "-D with shape ", binding::shape_str(m));
+          "], got ", m.dim(), "-D with shape ", binding::shape_text(m));
     check(m.size(0) == batch, op, "mask.size(0) must equal the batch ", batch, ", got ", m.size(0));
     const int64_t m_keys = m.size(m.dim() - 1);
     if (!mask_len_free) {
@@ -396,12 +397,12 @@ PrefillParams make_prefill_params(const char* op, const PrefillArgs& a) {
             m.size(1));
     }
     check(m_keys <= INT32_MAX && (m.dim() == 2 || m.size(1) <= INT32_MAX), op, "mask sizes must fit in int32, got ",
-          binding::shape_str(m));
+          binding::shape_text(m));
     binding::check_strides(op, "mask", m);
     // The kernel reads a zero row stride as a [B, M] key mask, which keeps rows past max_q_len: packed rows can
     // run past it, so their 3-D mask needs a real row stride.
     check(!ragged_q || m.dim() == 2 || m.size(1) <= 1 || m.stride(1) != 0, op,
-          "a 3-D mask must not have stride 0 along its rows (an expanded view), got strides ", binding::strides_str(m),
+          "a 3-D mask must not have stride 0 along its rows (an expanded view), got strides ", binding::strides_text(m),
           "; pass the [B, M] key mask itself or call .contiguous()");
   }
   check(std::isfinite(a.scale) && a.scale != 0.0, op, "scale must be finite and non-zero, got ", a.scale);
@@ -492,7 +493,8 @@ Tensor prefill(const char* op, const char* kernel, const PrefillArgs& a) {
   const PrefillLaunch launch =
       attn_prefill_choose(p.head_dim, page_size, p.scale_log2 > 0.f, attn_policy(), target_of(op, device));
   const cudaStream_t stream = binding::current_cuda_stream(op, device);
-  binding::check_cuda_status(attn_prefill_bf16_launch(p, launch, stream), op, config_str(kernel, p, launch, device));
+  binding::check_cuda_status(attn_prefill_bf16_launch(p, launch, stream), op,
+                             [&] { return config_str(kernel, p, launch, device); });
   return out;
 }
 
@@ -524,7 +526,7 @@ Tensor attn_paged_prefill_cuda(const Tensor& q, const Tensor& k_cache, const Ten
 Tensor attn_prefill_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& kv_lens,
                         const std::optional<Tensor>& mask, bool is_causal, double scale) {
   make_prefill_params(kOpPrefill, PrefillArgs{q, k, v, kNone, kNone, kNone, kv_lens, mask, is_causal, scale});
-  fail(kOpPrefill, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpPrefill, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 Tensor attn_prefill_ragged_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qo_indptr,
@@ -532,7 +534,7 @@ Tensor attn_prefill_ragged_cpu(const Tensor& q, const Tensor& k, const Tensor& v
                                double scale) {
   const std::optional<Tensor> qo(qo_indptr), kv(kv_indptr);
   make_prefill_params(kOpPrefillRagged, PrefillArgs{q, k, v, qo, kv, kNone, kNone, mask, is_causal, scale});
-  fail(kOpPrefillRagged, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpPrefillRagged, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 Tensor attn_paged_prefill_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -541,7 +543,7 @@ Tensor attn_paged_prefill_cpu(const Tensor& q, const Tensor& k_cache, const Tens
   const std::optional<Tensor> table(page_table), lens(kv_lens);
   make_prefill_params(kOpPagedPrefill,
                       PrefillArgs{q, k_cache, v_cache, qo_indptr, kNone, table, lens, mask, is_causal, scale});
-  fail(kOpPagedPrefill, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpPagedPrefill, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 // ---- paged_kv_append ------------------------------------------------------------------------------
@@ -559,18 +561,18 @@ AppendParams make_append_params(const Tensor& k_cache, const Tensor& v_cache, co
   binding::check_rank(op, "k_new", k_new, 3, "[N, Hkv, D]");                         // k_new: (N, Hkv, D)
   binding::check_rank(op, "v_new", v_new, 3, "[N, Hkv, D]");
   check(v_cache.sizes().equals(k_cache.sizes()), op, "v_cache must have the shape of k_cache ",
-        binding::shape_str(k_cache), ", got ", binding::shape_str(v_cache));
+        binding::shape_text(k_cache), ", got ", binding::shape_text(v_cache));
   const int64_t n = k_new.size(0), hkv = k_cache.size(2), d = k_cache.size(3), page_size = k_cache.size(1);
   if (!attn_page_size_supported(page_size)) fail(op, "page_size (k_cache.size(1)) ", attn_page_size_rule(page_size));
   check(attn_append_head_dim_supported(d), op, "head_dim (k_cache.size(3)) must be a positive multiple of 8, got ", d);
   check(k_new.size(1) == hkv && k_new.size(2) == d, op, "k_new must be [N, ", hkv, ", ", d,
-        "] to match k_cache, got ", binding::shape_str(k_new));
-  check(v_new.sizes().equals(k_new.sizes()), op, "v_new must have the shape of k_new ", binding::shape_str(k_new),
-        ", got ", binding::shape_str(v_new));
+        "] to match k_cache, got ", binding::shape_text(k_new));
+  check(v_new.sizes().equals(k_new.sizes()), op, "v_new must have the shape of k_new ", binding::shape_text(k_new),
+        ", got ", binding::shape_text(v_new));
   binding::check_dtype(op, "page_table", page_table, ScalarType::Int);
   binding::check_rank(op, "page_table", page_table, 2, "[B, max_pages]");
   check(page_table.size(1) <= 1 || page_table.stride(1) == 1, op,
-        "page_table must have stride 1 in its last dimension, got ", binding::strides_str(page_table));
+        "page_table must have stride 1 in its last dimension, got ", binding::strides_text(page_table));
   check(page_table.stride(0) >= 0, op, "page_table must have non-negative strides");
   check(page_table.size(0) <= INT32_MAX && page_table.size(1) <= INT32_MAX && k_cache.size(0) <= INT32_MAX, op,
         "page_table and page counts must fit in int32");
@@ -629,16 +631,18 @@ void paged_kv_append_cuda(const Tensor& k_cache, const Tensor& v_cache, const Te
   const int32_t device = k_cache.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(device);
   const cudaStream_t stream = binding::current_cuda_stream(kOpAppend, device);
-  std::ostringstream config;
-  config << "paged_kv_append_bf16 (N=" << p.num_tokens << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim
-         << ", page_size=" << (1 << p.page_size_log2) << ", device=cuda:" << device << ")";
-  binding::check_cuda_status(paged_kv_append_bf16_launch(p, stream), kOpAppend, config.str());
+  binding::check_cuda_status(paged_kv_append_bf16_launch(p, stream), kOpAppend, [&] {
+    std::ostringstream config;
+    config << "paged_kv_append_bf16 (N=" << p.num_tokens << ", Hkv=" << p.num_kv_heads << ", D=" << p.head_dim
+           << ", page_size=" << (1 << p.page_size_log2) << ", device=cuda:" << device << ")";
+    return config.str();
+  });
 }
 
 void paged_kv_append_cpu(const Tensor& k_cache, const Tensor& v_cache, const Tensor& k_new, const Tensor& v_new,
                          const Tensor& page_table, const Tensor& seq_ids, const Tensor& positions) {
   make_append_params(k_cache, v_cache, k_new, v_new, page_table, seq_ids, positions);
-  fail(kOpAppend, "k_cache must be a CUDA tensor, got ", binding::device_name(k_cache));
+  fail(kOpAppend, "k_cache must be a CUDA tensor, got ", binding::device_text(k_cache));
 }
 
 // ---- the policy's tensor-free ops ----------------------------------------------------------------------------

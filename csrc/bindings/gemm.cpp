@@ -69,19 +69,19 @@ std::string pairs_str() {
 // (K for a K-major operand, M or N for a MN-major one); 16-byte aligned base and other strides.
 void check_operand(const char* op, const char* name, const Tensor& t, const char* dims, const char* layout) {
   check(t.dim() == 2 || t.dim() == 3, op, name, " must be 2-D ", dims, " or 3-D [B, ", dims + 1, " (layout '", layout,
-        "'), got ", t.dim(), "-D with shape ", binding::shape_str(t));
+        "'), got ", t.dim(), "-D with shape ", binding::shape_text(t));
   const int64_t last = t.dim() - 1;
   if (t.numel() == 0) return;  // nothing is read (K = 0 or an empty M / N): any strides do
   check(t.size(last) <= 1 || t.stride(last) == 1, op, name, " must have stride 1 in its last dimension (layout '",
-        layout, "' stores ", name, " as ", dims, "), got strides ", binding::strides_str(t), " for shape ",
-        binding::shape_str(t), ": pass ", name, ".contiguous(), or the layout that matches how ", name,
+        layout, "' stores ", name, " as ", dims, "), got strides ", binding::strides_text(t), " for shape ",
+        binding::shape_text(t), ": pass ", name, ".contiguous(), or the layout that matches how ", name,
         " is stored (its transpose flips the operand's letter)");
   binding::check_strides(op, name, t);
   const int64_t es = t.element_size();
   for (int64_t d = 0; d < last; ++d) {
     check(t.size(d) <= 1 || (t.stride(d) * es) % 16 == 0, op, name,
           " needs strides that are multiples of 16 bytes outside its last dimension, got strides ",
-          binding::strides_str(t), " (", es, "-byte elements) for shape ", binding::shape_str(t),
+          binding::strides_text(t), " (", es, "-byte elements) for shape ", binding::shape_text(t),
           "; pad the last dimension to a multiple of ", 16 / es, " elements (a view of the padded tensor works)");
   }
   check(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
@@ -99,10 +99,10 @@ bool check_scale(const char* op, const char* name, const Tensor& s, int64_t coun
   }
   check(shape_ok && (n == 1 || n == count), op, name, " must hold 1 value or ", count, " (", what,
         "): shape [], [1], [", count, "]", col ? ", [N, 1] or [1, N]" : " or [M, 1]", ", got shape ",
-        binding::shape_str(s));
+        binding::shape_text(s));
   if (n > 1) {
     const int64_t inner = s.dim() == 2 ? (s.size(1) == 1 ? s.stride(0) : s.stride(1)) : s.stride(0);
-    check(inner == 1, op, name, " must be contiguous, got strides ", binding::strides_str(s));
+    check(inner == 1, op, name, " must be contiguous, got strides ", binding::strides_text(s));
   }
   binding::check_element_aligned(op, name, s);
   return n > 1;  // one value per row / column
@@ -113,8 +113,10 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
                      int64_t layout, int64_t recipe, int64_t split_k) {
   Problem pr;
   const PairInfo* info = find_pair(a.scalar_type(), b.scalar_type());
-  check(info != nullptr, op, "(a, b) dtypes must be one of ", pairs_str(), ", got (",
-        binding::dtype_name(a.scalar_type()), ", ", binding::dtype_name(b.scalar_type()), ")");
+  if (info == nullptr) {  // pairs_str() builds a string: only for the message
+    fail(op, "(a, b) dtypes must be one of ", pairs_str(), ", got (", binding::dtype_name(a.scalar_type()), ", ",
+         binding::dtype_name(b.scalar_type()), ")");
+  }
   pr.pair = info->pair;
   check(layout >= 0 && layout <= 3, op, "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got ", layout);
   const char* lname = kLayoutNames[layout];
@@ -128,11 +130,11 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
   const int64_t b_k_dim = b.dim() - (b_n ? 2 : 1);
   check(b.size(b_k_dim) == K, op, "b.size(", b_n ? -2 : -1, ") must equal K = a.size(", a_t ? -2 : -1, ") = ", K,
         " (layout ", lname, ": a is ", a_dims, ", b is ", b_dims, "), got ", b.size(b_k_dim), " (b shape ",
-        binding::shape_str(b), ")");
+        binding::shape_text(b), ")");
   const int64_t N = b.size(b.dim() - (b_n ? 1 : 2));
   const int64_t ba = a.dim() == 3 ? a.size(0) : 1, bb = b.dim() == 3 ? b.size(0) : 1;
   check(ba == bb || ba == 1 || bb == 1, op, "batch sizes must match or one must be 1 (broadcast), got a ",
-        binding::shape_str(a), " and b ", binding::shape_str(b));
+        binding::shape_text(a), " and b ", binding::shape_text(b));
   const int64_t B = ba > bb ? ba : bb;
   check(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && B <= INT32_MAX, op,
         "M, N, K and the batch must fit in int32, got M=", M, ", N=", N, ", K=", K, ", B=", B);
@@ -168,8 +170,8 @@ Problem make_problem(const char* op, const Tensor& a, const Tensor& b, const std
     check(bt == ScalarType::BFloat16 || bt == ScalarType::Half || bt == ScalarType::Float, op,
           "bias must be bfloat16, float16 or float32, got ", binding::dtype_name(bt));
     check(bias->dim() == 1 && bias->size(0) == N, op, "bias must be 1-D [N] with N = ", N, ", got shape ",
-          binding::shape_str(*bias));
-    check(N <= 1 || bias->stride(0) == 1, op, "bias must be contiguous, got strides ", binding::strides_str(*bias));
+          binding::shape_text(*bias));
+    check(N <= 1 || bias->stride(0) == 1, op, "bias must be contiguous, got strides ", binding::strides_text(*bias));
     binding::check_element_aligned(op, "bias", *bias);
     bias_kind = bt == ScalarType::BFloat16 ? GemmBias::kBf16 : bt == ScalarType::Half ? GemmBias::kF16 : GemmBias::kF32;
   }
@@ -219,13 +221,13 @@ void check_devices(const char* op, const Tensor& a, const Tensor& b, const std::
 
 // quant_gemm_out's out: the output's shape, unit inner stride, no overlapping elements.
 void check_out(const Problem& pr, const Tensor& out) {
-  const std::string want = binding::list_str(pr.out_shape);
+  const auto want = binding::list_text(pr.out_shape);
   bool same = out.dim() == int64_t(pr.out_shape.size());
   for (size_t d = 0; same && d < pr.out_shape.size(); ++d) same = out.size(int64_t(d)) == pr.out_shape[d];
-  check(same, kOpOut, "out must have shape ", want, ", got ", binding::shape_str(out));
+  check(same, kOpOut, "out must have shape ", want, ", got ", binding::shape_text(out));
   binding::check_strides(kOpOut, "out", out);
   check(binding::strides_non_overlapping(out), kOpOut, "out must not have overlapping elements, got strides ",
-        binding::strides_str(out));
+        binding::strides_text(out));
   binding::check_element_aligned(kOpOut, "out", out);
   // The epilogue stores two adjacent elements at once where their offset is even: a base on an odd element would
   // make those stores misaligned.
@@ -262,7 +264,8 @@ void run(const char* op, Problem& pr, const Tensor& a, int64_t recipe) {
   }
   const int32_t device = a.get_device_index();
   const cudaStream_t stream = binding::current_cuda_stream(op, device);
-  binding::check_cuda_status(gemm_launch(pr.p, pr.pair, int(recipe), stream), op, config_str(pr, recipe, device));
+  binding::check_cuda_status(gemm_launch(pr.p, pr.pair, int(recipe), stream), op,
+                             [&] { return config_str(pr, recipe, device); });
 }
 
 Tensor quant_gemm_cuda(const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
@@ -295,7 +298,7 @@ Tensor quant_gemm_cpu(const Tensor& a, const Tensor& b, const std::optional<Tens
                       int64_t layout, int64_t recipe, int64_t split_k) {
   make_problem(kOp, a, b, a_scale, b_scale, bias, out_dtype, layout, recipe, split_k);
   check_devices(kOp, a, b, a_scale, b_scale, bias, nullptr);
-  fail(kOp, "a must be a CUDA tensor, got ", binding::device_name(a));
+  fail(kOp, "a must be a CUDA tensor, got ", binding::device_text(a));
 }
 
 void quant_gemm_out_cpu(const Tensor& a, const Tensor& b, const std::optional<Tensor>& a_scale,
@@ -303,7 +306,7 @@ void quant_gemm_out_cpu(const Tensor& a, const Tensor& b, const std::optional<Te
                         int64_t recipe, int64_t split_k, Tensor out) {
   check_out(make_problem(kOpOut, a, b, a_scale, b_scale, bias, out.scalar_type(), layout, recipe, split_k), out);
   check_devices(kOpOut, a, b, a_scale, b_scale, bias, &out);
-  fail(kOpOut, "a must be a CUDA tensor, got ", binding::device_name(a));
+  fail(kOpOut, "a must be a CUDA tensor, got ", binding::device_text(a));
 }
 
 // Why this image cannot run the plan (recipe, split_k) for a problem of these dtypes, layout and sizes on a device
@@ -336,7 +339,7 @@ constexpr const char* kOpPrefetch = "astrai.l2_prefetch";
 
 void check_prefetch(const Tensor& t, int64_t run, int64_t period) {
   check(row_major_contiguous(t), kOpPrefetch, "t must be contiguous (its bytes one span), got strides ",
-        binding::strides_str(t), " for shape ", binding::shape_str(t), "; pass t.contiguous() or a view of the span");
+        binding::strides_text(t), " for shape ", binding::shape_text(t), "; pass t.contiguous() or a view of the span");
   check(period > 0 && period % 16 == 0, kOpPrefetch, "period must be a positive multiple of 16 bytes, got ", period);
   check(run >= 0 && run <= period && run % 16 == 0, kOpPrefetch,
         "run must be a multiple of 16 bytes in [0, period = ", period, "], got ", run);
@@ -351,14 +354,15 @@ void l2_prefetch_cuda(const Tensor& t, int64_t run, int64_t period) {
   torch::stable::accelerator::DeviceGuard guard(device);
   const cudaStream_t stream = binding::current_cuda_stream(kOpPrefetch, device);
   binding::check_cuda_status(
-      gemm_l2_prefetch_launch(t.data_ptr(), t.numel() * t.element_size(), run, period, stream), kOpPrefetch,
-      "l2_prefetch (" + std::to_string(t.numel() * t.element_size()) + " bytes, run " + std::to_string(run) +
-          ", period " + std::to_string(period) + ", device=cuda:" + std::to_string(device) + ")");
+      gemm_l2_prefetch_launch(t.data_ptr(), t.numel() * t.element_size(), run, period, stream), kOpPrefetch, [&] {
+        return "l2_prefetch (" + std::to_string(t.numel() * t.element_size()) + " bytes, run " + std::to_string(run) +
+               ", period " + std::to_string(period) + ", device=cuda:" + std::to_string(device) + ")";
+      });
 }
 
 void l2_prefetch_cpu(const Tensor& t, int64_t run, int64_t period) {
   check_prefetch(t, run, period);
-  fail(kOpPrefetch, "t must be a CUDA tensor, got ", binding::device_name(t));
+  fail(kOpPrefetch, "t must be a CUDA tensor, got ", binding::device_text(t));
 }
 
 // The policy's programmatic-dependent-launch switch for every GEMM launch of this process; returns the previous one.

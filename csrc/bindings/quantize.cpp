@@ -97,14 +97,14 @@ QuantScale check_scale(const char* op, const Tensor& scale, const Tensor& x) {
   } else if (scale.dim() == 2 && scale.size(0) == M && scale.size(1) == 1) {
     kind = QuantScale::kRow;
     check(M <= 1 || scale.stride(0) == 1, op, "scale [M, 1] must be contiguous, got strides ",
-          binding::strides_str(scale));
+          binding::strides_text(scale));
   } else if (scale.dim() == 2 && scale.size(0) == 1 && scale.size(1) == N) {
     kind = QuantScale::kColumn;
     check(N <= 1 || scale.stride(1) == 1, op, "scale [1, N] must be contiguous, got strides ",
-          binding::strides_str(scale));
+          binding::strides_text(scale));
   } else {
     fail(op, "scale must be [] or [1] (per tensor), [M, 1] = [", M, ", 1] (per row) or [1, N] = [1, ", N,
-         "] (per column) for x of shape ", binding::shape_str(x), ", got ", binding::shape_str(scale));
+         "] (per column) for x of shape ", binding::shape_text(x), ", got ", binding::shape_text(scale));
   }
   binding::check_element_aligned(op, "scale", scale);
   return kind;
@@ -112,8 +112,8 @@ QuantScale check_scale(const char* op, const Tensor& scale, const Tensor& x) {
 
 std::string config_str(const char* kernel, const Tensor& x, const char* extra, int32_t device_index) {
   std::ostringstream s;
-  s << kernel << " (x " << binding::dtype_name(x.scalar_type()) << " " << binding::shape_str(x) << ", strides "
-    << binding::strides_str(x) << ", " << extra << ", device=cuda:" << device_index << ")";
+  s << kernel << " (x " << binding::dtype_name(x.scalar_type()) << " " << binding::shape_text(x) << ", strides "
+    << binding::strides_text(x) << ", " << extra << ", device=cuda:" << device_index << ")";
   return s.str();
 }
 
@@ -183,9 +183,10 @@ std::tuple<Tensor, Tensor, Tensor> quantize_cuda(const Tensor& x, const Tensor& 
   p.amax_ptr = a.amax != QuantAmax::kNone ? static_cast<float*>(amax_t.data_ptr()) : nullptr;
   if (M > 0 && N > 0) {
     const cudaStream_t stream = binding::current_cuda_stream(kOpStatic, x.get_device_index());
-    binding::check_cuda_status(launch_planned(p, stream), kOpStatic,
-                               config_str("quantize", x, layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
-                                          x.get_device_index()));
+    binding::check_cuda_status(launch_planned(p, stream), kOpStatic, [&] {
+      return config_str("quantize", x, layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
+                        x.get_device_index());
+    });
   }
   return std::make_tuple(out, out_t, amax_t);
 }
@@ -193,7 +194,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_cuda(const Tensor& x, const Tensor& 
 std::tuple<Tensor, Tensor, Tensor> quantize_cpu(const Tensor& x, const Tensor& scale, ScalarType out_dtype,
                                                 int64_t layout, int64_t amax) {
   validate_static(x, scale, out_dtype, layout, amax);
-  fail(kOpStatic, "x must be a CUDA tensor, got ", binding::device_name(x));
+  fail(kOpStatic, "x must be a CUDA tensor, got ", binding::device_text(x));
 }
 
 // ---- quantize_dynamic (per tensor: amax pass + cast pass; per row: one pass) ----------------------------
@@ -236,7 +237,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     if (M > 0 && N > 0) {
       const cudaStream_t stream = binding::current_cuda_stream(kOpDynamic, dev);
       binding::check_cuda_status(launch_planned(p, stream), kOpDynamic,
-                                 config_str("quantize per row", x, "dynamic", dev));
+                                 [&] { return config_str("quantize per row", x, "dynamic", dev); });
     } else if (M > 0) {
       // No columns: amax 0, so the multiplier is 1.
       torch::stable::fill_(scale_inv, 1.0);
@@ -256,12 +257,12 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
     ap.cols = N;
     ap.in_type = a.in;
     binding::check_cuda_status(plan_and_launch(quantize_amax_plan, quantize_amax_launch, ap, stream), kOpDynamic,
-                               config_str("amax", x, "per tensor", dev));
+                               [&] { return config_str("amax", x, "per tensor", dev); });
     p.scale_kind = QuantScale::kFromAmax;
     p.amax_in_ptr = ap.amax_ptr;
     p.scale_inv_ptr = static_cast<float*>(scale_inv.data_ptr());
     binding::check_cuda_status(launch_planned(p, stream), kOpDynamic,
-                               config_str("quantize per tensor", x, "dynamic", dev));
+                               [&] { return config_str("quantize per tensor", x, "dynamic", dev); });
   } else {
     torch::stable::fill_(scale_inv, 1.0);
   }
@@ -271,7 +272,7 @@ std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cuda(const Tensor& x, Scalar
 std::tuple<Tensor, Tensor, Tensor> quantize_dynamic_cpu(const Tensor& x, ScalarType out_dtype, int64_t granularity,
                                                         bool pow2_scale, int64_t layout) {
   validate_dynamic(x, out_dtype, granularity, layout);
-  fail(kOpDynamic, "x must be a CUDA tensor, got ", binding::device_name(x));
+  fail(kOpDynamic, "x must be a CUDA tensor, got ", binding::device_text(x));
 }
 
 // ---- quantize_block (1 x 128 groups or 128 x 128 blocks) -------------------------------------------------
@@ -289,7 +290,7 @@ BlockArgs validate_block(const Tensor& x, ScalarType out_dtype, int64_t block_ro
   check(block_rows == 1 || block_rows == kGroup, kOpBlock, "block_rows must be 1 (1 x 128 groups) or 128 (128 x 128 ",
         "blocks), got ", block_rows);
   check(x.size(1) % kGroup == 0, kOpBlock, "the block size 128 does not divide N = x.size(1) = ", x.size(1),
-        " (x shape ", binding::shape_str(x), "); pad the columns to a multiple of 128");
+        " (x shape ", binding::shape_text(x), "); pad the columns to a multiple of 128");
   binding::check_cuda_device(kOpBlock, "x", x);
   return a;
 }
@@ -315,7 +316,8 @@ std::tuple<Tensor, Tensor> quantize_block_cuda(const Tensor& x, ScalarType out_d
     p.scale_inv_row_stride = scale_inv.stride(0);
     p.scale_inv_group_stride = scale_inv.stride(1);
     p.pow2_scale = pow2_scale;
-    binding::check_cuda_status(launch_planned(p, stream), kOpBlock, config_str("quantize 1x128", x, "dynamic", dev));
+    binding::check_cuda_status(launch_planned(p, stream), kOpBlock,
+                               [&] { return config_str("quantize 1x128", x, "dynamic", dev); });
   } else {
     BlockQuantParams p{};
     p.x_ptr = x.data_ptr();
@@ -331,7 +333,7 @@ std::tuple<Tensor, Tensor> quantize_block_cuda(const Tensor& x, ScalarType out_d
     p.out_type = a.out_type;
     p.pow2_scale = pow2_scale;
     binding::check_cuda_status(plan_and_launch(quantize_block128_plan, quantize_block128_launch, p, stream), kOpBlock,
-                               config_str("quantize 128x128", x, "dynamic", dev));
+                               [&] { return config_str("quantize 128x128", x, "dynamic", dev); });
   }
   return std::make_tuple(out, scale_inv);
 }
@@ -339,7 +341,7 @@ std::tuple<Tensor, Tensor> quantize_block_cuda(const Tensor& x, ScalarType out_d
 std::tuple<Tensor, Tensor> quantize_block_cpu(const Tensor& x, ScalarType out_dtype, int64_t block_rows,
                                               bool pow2_scale, bool scale_mn_major) {
   validate_block(x, out_dtype, block_rows);
-  fail(kOpBlock, "x must be a CUDA tensor, got ", binding::device_name(x));
+  fail(kOpBlock, "x must be a CUDA tensor, got ", binding::device_text(x));
 }
 
 // ---- scale_layout ----------------------------------------------------------------------------------------
@@ -348,7 +350,7 @@ void validate_layout(const Tensor& sf) {
   binding::check_dtype(kOpLayout, "sf", sf, ScalarType::Float);
   binding::check_rank(kOpLayout, "sf", sf, 2, "[MN, SF_K]");  // sf: (MN, SF_K)
   for (int64_t d = 0; d < 2; ++d) {
-    check(sf.stride(d) >= 0, kOpLayout, "sf must have non-negative strides, got ", binding::strides_str(sf));
+    check(sf.stride(d) >= 0, kOpLayout, "sf must have non-negative strides, got ", binding::strides_text(sf));
   }
   binding::check_element_aligned(kOpLayout, "sf", sf);
   binding::check_cuda_device(kOpLayout, "sf", sf);
@@ -370,15 +372,17 @@ Tensor scale_layout_cuda(const Tensor& sf, bool pack_ue8m0) {
   p.sf_k = sf_k;
   p.packed = pack_ue8m0;
   const cudaStream_t stream = binding::current_cuda_stream(kOpLayout, sf.get_device_index());
-  std::ostringstream cfg;
-  cfg << "scale_layout (sf " << binding::shape_str(sf) << ", " << (pack_ue8m0 ? "packed ue8m0" : "float32") << ")";
-  binding::check_cuda_status(plan_and_launch(scale_layout_plan, scale_layout_launch, p, stream), kOpLayout, cfg.str());
+  binding::check_cuda_status(plan_and_launch(scale_layout_plan, scale_layout_launch, p, stream), kOpLayout, [&] {
+    std::ostringstream cfg;
+    cfg << "scale_layout (sf " << binding::shape_text(sf) << ", " << (pack_ue8m0 ? "packed ue8m0" : "float32") << ")";
+    return cfg.str();
+  });
   return out;
 }
 
 Tensor scale_layout_cpu(const Tensor& sf, bool pack_ue8m0) {
   validate_layout(sf);
-  fail(kOpLayout, "sf must be a CUDA tensor, got ", binding::device_name(sf));
+  fail(kOpLayout, "sf must be a CUDA tensor, got ", binding::device_text(sf));
 }
 
 // ---- amax_history_fold (the delayed-scaling ring fold, in place) ------------------------------------------
@@ -386,7 +390,7 @@ Tensor scale_layout_cpu(const Tensor& sf, bool pack_ue8m0) {
 // A one-element float32 / int64 / int32 tensor.
 void check_scalar_tensor(const char* op, const char* name, const Tensor& t, ScalarType dtype) {
   binding::check_dtype(op, name, t, dtype);
-  check(t.numel() == 1, op, name, " must hold one element, got shape ", binding::shape_str(t));
+  check(t.numel() == 1, op, name, " must hold one element, got shape ", binding::shape_text(t));
   binding::check_element_aligned(op, name, t);
 }
 
@@ -395,9 +399,9 @@ void check_ring(const char* op, const Tensor& ring, const Tensor& pos, const Ten
                 const std::optional<Tensor>& scale_inv, int64_t margin) {
   binding::check_dtype(op, "ring", ring, ScalarType::Float);
   binding::check_rank(op, "ring", ring, 1, "[history_len]");  // ring: (history_len,)
-  check(ring.numel() >= 1, op, "ring must hold at least one slot, got shape ", binding::shape_str(ring));
+  check(ring.numel() >= 1, op, "ring must hold at least one slot, got shape ", binding::shape_text(ring));
   check(ring.numel() <= 1 || ring.stride(0) == 1, op, "ring must be contiguous, got strides ",
-        binding::strides_str(ring));
+        binding::strides_text(ring));
   binding::check_element_aligned(op, "ring", ring);
   check_scalar_tensor(op, "pos", pos, ScalarType::Long);
   check_scalar_tensor(op, "scale", scale, ScalarType::Float);
@@ -440,9 +444,11 @@ void amax_history_fold_cuda(const Tensor& ring, const Tensor& pos, const Tensor&
   p.amax_ptr = static_cast<const float*>(amax.data_ptr());
   const int32_t dev = ring.get_device_index();
   const cudaStream_t stream = binding::current_cuda_stream(kOpFold, dev);
-  std::ostringstream cfg;
-  cfg << "amax_history_fold (ring [" << p.len << "], margin " << margin << ", device=cuda:" << dev << ")";
-  binding::check_cuda_status(amax_history_fold_launch(p, stream), kOpFold, cfg.str());
+  binding::check_cuda_status(amax_history_fold_launch(p, stream), kOpFold, [&] {
+    std::ostringstream cfg;
+    cfg << "amax_history_fold (ring [" << p.len << "], margin " << margin << ", device=cuda:" << dev << ")";
+    return cfg.str();
+  });
 }
 
 void amax_history_fold_cpu(const Tensor& ring, const Tensor& pos, const Tensor& scale,
@@ -499,10 +505,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cuda(const Tensor& x
   p.fold_counter_ptr = static_cast<uint32_t*>(workspace.data_ptr());
   p.step_scale_inv_ptr = static_cast<float*>(step_inv.data_ptr());
   const cudaStream_t stream = binding::current_cuda_stream(kOpDelayed, x.get_device_index());
-  binding::check_cuda_status(launch_planned(p, stream), kOpDelayed,
-                             config_str("quantize_delayed", x,
-                                        layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
-                                        x.get_device_index()));
+  binding::check_cuda_status(launch_planned(p, stream), kOpDelayed, [&] {
+    return config_str("quantize_delayed", x, layout == 0 ? "layout 0" : layout == 1 ? "layout 1" : "layout 2",
+                      x.get_device_index());
+  });
   return std::make_tuple(out, out_t, amax_t, step_inv);
 }
 
@@ -511,7 +517,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> quantize_delayed_cpu(const Tensor& x,
                                                                 const Tensor& workspace, ScalarType out_dtype,
                                                                 int64_t layout, int64_t margin) {
   validate_delayed(x, scale, ring, pos, scale_inv, workspace, out_dtype, layout, margin);
-  fail(kOpDelayed, "x must be a CUDA tensor, got ", binding::device_name(x));
+  fail(kOpDelayed, "x must be a CUDA tensor, got ", binding::device_text(x));
 }
 
 // The plan quantize_launch takes on the current CUDA device for an x of rows x cols: [kernel (0 rows, 1 transpose
@@ -562,7 +568,7 @@ std::vector<int64_t> quantize_plan_op(int64_t rows, int64_t cols, int64_t in_typ
   check(status != cudaErrorInvalidValue, op, "the quantize ops do not take this combination (rows ", rows, ", cols ",
         cols, ", in_type ", in_type, ", out_type ", out_type, ", scale_kind ", scale_kind,
         transposed ? ", transposed" : "", fold ? ", fused fold" : "", ")");
-  binding::check_cuda_status(status, op, "planning on the current device");
+  binding::check_cuda_status(status, op, [] { return "planning on the current device"; });
   return {int64_t(plan.kernel), plan.vec ? 1 : 0, plan.threads_per_row, plan.blocks};
 }
 

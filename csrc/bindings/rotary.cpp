@@ -108,9 +108,9 @@ RotaryParams make_params(const char* op, const Tensor& q, const Tensor* k, const
           ", got ", k->size(0));
   }
   check(cos.size(1) == head_dim / 2, op, "cos.size(1) must be head_dim / 2 = ", head_dim / 2, ", got ",
-        cos.size(1), " (cos shape ", binding::shape_str(cos), ")");
+        cos.size(1), " (cos shape ", binding::shape_text(cos), ")");
   check(sin.size(0) == cos.size(0) && sin.size(1) == cos.size(1), op, "sin must have the shape of cos ",
-        binding::shape_str(cos), ", got ", binding::shape_str(sin));
+        binding::shape_text(cos), ", got ", binding::shape_text(sin));
   if (positions) {
     check(positions->size(0) == num_tokens, op, "positions.size(0) must equal the token count q.size(0) = ",
           num_tokens, ", got ", positions->size(0));
@@ -128,7 +128,7 @@ RotaryParams make_params(const char* op, const Tensor& q, const Tensor* k, const
   binding::check_strides(op, "sin", sin);
   if (positions) {
     check(positions->stride(0) >= 0, op, "positions must have a non-negative stride, got ",
-          binding::strides_str(*positions));
+          binding::strides_text(*positions));
   }
   binding::check_element_aligned(op, "q", q);
   if (k) binding::check_element_aligned(op, "k", *k);
@@ -138,12 +138,12 @@ RotaryParams make_params(const char* op, const Tensor& q, const Tensor* k, const
 
   if (in_place) {
     check(binding::strides_non_overlapping(q), op,
-          "q is written in place and must not have overlapping elements, got strides ", binding::strides_str(q),
-          " for shape ", binding::shape_str(q));
+          "q is written in place and must not have overlapping elements, got strides ", binding::strides_text(q),
+          " for shape ", binding::shape_text(q));
     if (k) {
       check(binding::strides_non_overlapping(*k), op,
             "k is written in place and must not have overlapping elements, got strides ",
-            binding::strides_str(*k), " for shape ", binding::shape_str(*k));
+            binding::strides_text(*k), " for shape ", binding::shape_text(*k));
       check(!may_overlap(q, *k), op, "q and k are written in place and must not overlap in memory");
     }
   }
@@ -204,10 +204,11 @@ void launch(const char* op, const RotaryParams& p, int32_t device_index) {
   if (p.num_tokens == 0 || p.num_q_heads + p.num_k_heads == 0 || p.head_dim == 0) return;
   RotaryTarget target{};
   binding::check_cuda_status(rotary_device_target(device_index, &target), op,
-                             "querying the device facts of cuda:" + std::to_string(device_index));
+                             [&] { return "querying the device facts of cuda:" + std::to_string(device_index); });
   const RotaryLaunch plan = rotary_plan(rotary_shape_of(p), target);  // the explicit plan the launcher takes
   const cudaStream_t stream = binding::current_cuda_stream(op, device_index);
-  binding::check_cuda_status(rotary_bf16_launch(p, plan, stream), op, config_str(p, plan, device_index));
+  binding::check_cuda_status(rotary_bf16_launch(p, plan, stream), op,
+                             [&] { return config_str(p, plan, device_index); });
 }
 
 // The plan the rotary ops launch for a call of this shape on a device of (sm_count, threads_per_sm):
@@ -262,20 +263,20 @@ void rotary_embedding_inplace_cuda(const Tensor& q, const std::optional<Tensor>&
 Tensor rotary_embedding_cpu(const Tensor& q, const Tensor& cos, const Tensor& sin,
                             const std::optional<Tensor>& positions, bool interleaved) {
   make_params(kOp, q, nullptr, cos, sin, positions, interleaved, false);
-  fail(kOp, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOp, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 std::tuple<Tensor, Tensor> rotary_embedding_qk_cpu(const Tensor& q, const Tensor& k, const Tensor& cos,
                                                    const Tensor& sin, const std::optional<Tensor>& positions,
                                                    bool interleaved) {
   make_params(kOpQk, q, &k, cos, sin, positions, interleaved, false);
-  fail(kOpQk, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpQk, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 void rotary_embedding_inplace_cpu(const Tensor& q, const std::optional<Tensor>& k, const Tensor& cos,
                                   const Tensor& sin, const std::optional<Tensor>& positions, bool interleaved) {
   make_params(kOpInPlace, q, k ? &*k : nullptr, cos, sin, positions, interleaved, true);
-  fail(kOpInPlace, "q must be a CUDA tensor, got ", binding::device_name(q));
+  fail(kOpInPlace, "q must be a CUDA tensor, got ", binding::device_text(q));
 }
 
 }  // namespace

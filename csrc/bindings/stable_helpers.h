@@ -62,30 +62,59 @@ inline const char* dtype_name(ScalarType t) {
   }
 }
 
-inline std::string device_name(const Tensor& t) {
-  const int32_t index = t.get_device_index();
-  std::string name;
-  if (t.is_cuda()) {
-    name = "cuda";
-  } else if (t.is_cpu()) {
-    return "cpu";
+// Message text for a tensor's device, shape or strides, or a list: a reference printed (operator<<) only when a
+// message is built. check()'s arguments are evaluated on every call, the passing ones too, and a std::string built
+// there (an ostringstream each, ~0.2 us) cost several microseconds an op call: keep every part of a message cheap
+// until fail() streams it.
+struct DeviceText {
+  const Tensor& t;
+};
+struct ShapeText {
+  const Tensor& t;
+  bool strides;
+};
+template <typename List>
+struct ListText {
+  const List& values;
+};
+
+inline DeviceText device_text(const Tensor& t) { return {t}; }
+inline ShapeText shape_text(const Tensor& t) { return {t, false}; }
+inline ShapeText strides_text(const Tensor& t) { return {t, true}; }
+template <typename List>
+ListText<List> list_text(const List& values) {
+  return {values};
+}
+
+template <typename List>
+void print_list(std::ostream& os, const List& values) {
+  os << "[";
+  for (size_t i = 0; i < values.size(); ++i) os << (i ? ", " : "") << values[i];
+  os << "]";
+}
+
+inline std::ostream& operator<<(std::ostream& os, const DeviceText& d) {
+  const int32_t index = d.t.get_device_index();
+  if (d.t.is_cpu()) return os << "cpu";
+  os << (d.t.is_cuda() ? "cuda" : "a non-CUDA device");
+  if (index >= 0) os << ":" << index;
+  return os;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const ShapeText& s) {
+  if (s.strides) {
+    print_list(os, s.t.strides());
   } else {
-    name = "a non-CUDA device";
+    print_list(os, s.t.sizes());
   }
-  return index >= 0 ? name + ":" + std::to_string(index) : name;
+  return os;
 }
 
-template <typename ArrayRef>
-std::string list_str(const ArrayRef& values) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < values.size(); ++i) s << (i ? ", " : "") << values[i];
-  s << "]";
-  return s.str();
+template <typename List>
+std::ostream& operator<<(std::ostream& os, const ListText<List>& l) {
+  print_list(os, l.values);
+  return os;
 }
-
-inline std::string shape_str(const Tensor& t) { return list_str(t.sizes()); }
-inline std::string strides_str(const Tensor& t) { return list_str(t.strides()); }
 
 // ---- argument checks (messages: "<op>: <name> must be ..., got ...") -------------------------------
 
@@ -102,16 +131,16 @@ inline void check_dtype(const char* op, const char* name, const Tensor& t, Scala
 // `layout` names the axes, e.g. "[T, H, D]".
 inline void check_rank(const char* op, const char* name, const Tensor& t, int64_t rank, const char* layout) {
   check(t.dim() == rank, op, name, " must be ", rank, "-D ", layout, ", got ", t.dim(), "-D with shape ",
-        shape_str(t));
+        shape_text(t));
 }
 
 // Stride 1 on the last axis (any stride is fine when that axis has one element); no negative strides.
 inline void check_strides(const char* op, const char* name, const Tensor& t) {
   const int64_t last = t.dim() - 1;
   check(last < 0 || t.size(last) <= 1 || t.stride(last) == 1, op, name,
-        " must have stride 1 in its last dimension, got strides ", strides_str(t), " for shape ", shape_str(t));
+        " must have stride 1 in its last dimension, got strides ", strides_text(t), " for shape ", shape_text(t));
   for (int64_t d = 0; d < t.dim(); ++d) {
-    check(t.stride(d) >= 0, op, name, " must have non-negative strides, got ", strides_str(t));
+    check(t.stride(d) >= 0, op, name, " must have non-negative strides, got ", strides_text(t));
   }
 }
 
@@ -143,14 +172,14 @@ inline bool strides_non_overlapping(const Tensor& t) {
 }
 
 inline void check_cuda_device(const char* op, const char* name, const Tensor& t) {
-  check(t.is_cuda(), op, name, " must be a CUDA tensor, got ", device_name(t));
+  check(t.is_cuda(), op, name, " must be a CUDA tensor, got ", device_text(t));
 }
 
 // `t` must live on the same CUDA device as `ref` (named `ref_name`).
 inline void check_same_device(const char* op, const char* name, const Tensor& t, const char* ref_name,
                               const Tensor& ref) {
   check(t.is_cuda() && t.get_device_index() == ref.get_device_index(), op, name,
-        " must be on the same device as ", ref_name, " (", device_name(ref), "), got ", device_name(t));
+        " must be on the same device as ", ref_name, " (", device_text(ref), "), got ", device_text(t));
 }
 
 // ---- CUDA ---------------------------------------------------------------------------------------
@@ -173,10 +202,13 @@ inline cudaStream_t current_cuda_stream(const char* op, int32_t device_index) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// The only place a CUDA status becomes an exception; `config` describes the launch that failed.
-inline void check_cuda_status(cudaError_t status, const char* op, const std::string& config) {
-  check(status == cudaSuccess, op, "CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status),
-        ") launching ", config);
+// The only place a CUDA status becomes an exception. `describe()` returns what was launched (printable); it is
+// called only on an error (a launch's description is an ostringstream: not on every call).
+template <typename Describe>
+void check_cuda_status(cudaError_t status, const char* op, const Describe& describe) {
+  if (status != cudaSuccess) {
+    fail(op, "CUDA error ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") launching ", describe());
+  }
 }
 
 }  // namespace binding

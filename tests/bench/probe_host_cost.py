@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import astrai.extension as ae
 from astrai.extension.backend import gemm as gemm_backend
 from astrai.extension.ops import gemm as gemm_ops
+from astrai.extension.ops import gemm_plan
 
 CALLS = 2000
 DEVICE = "cuda"
@@ -66,6 +67,16 @@ def main() -> None:
     cases["quant_gemm w8a16 (public, checked)"] = lambda: ae.quant_gemm(x, w8.weight, b_scale=w8.weight_scale)
     cases["ops.gemm.quant_gemm w8a16 (op wrapper)"] = lambda: gemm_ops.quant_gemm(x, w8.weight,
                                                                                  b_scale=w8.weight_scale)
+    # The op alone, its plan given (the C++ side: dispatcher, checks, output, launch), beside the stable-ABI op with
+    # no tensors (the dispatcher's floor for our ops) and torch's own mm through torch.ops.
+    recipe, split = gemm_plan.plan_call(x, w8.weight, None, w8.weight_scale, None, torch.bfloat16, 0, None, False)
+    op = torch.ops.astrai.quant_gemm.default
+    cases[f"op quant_gemm w8a16, plan ({recipe}, {split}) given"] = lambda: op(
+        x, w8.weight, None, w8.weight_scale, None, torch.bfloat16, 0, recipe, split)
+    cases["op quant_gemm w16a16, plan (2, 1) given"] = lambda: op(x, lin.weight, None, None, None, torch.bfloat16, 0,
+                                                                  2, 1)
+    cases["op quant_gemm_set_pdl (no tensors)"] = lambda: torch.ops.astrai.quant_gemm_set_pdl.default(True)
+    cases["torch.ops.aten.mm.default bf16"] = lambda: torch.ops.aten.mm.default(x, lin.weight.t())
     cases["gemm_backend.validate + cuda_blocker"] = lambda: (
         gemm_backend.validate("probe", x, w8.weight, None, w8.weight_scale, None, torch.bfloat16, 0, None),
         gemm_backend.cuda_blocker(x, w8.weight, b_scale=w8.weight_scale))

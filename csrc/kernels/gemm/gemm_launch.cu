@@ -111,19 +111,22 @@ const char* gemm_unsupported(GemmPair pair, GemmLayout layout, int recipe) {
 
 std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, int64_t split_k, int64_t m, int64_t n,
                             int64_t batch) {
-  std::ostringstream why;
+  // Each failing branch builds its message (an ostringstream): this runs on every launch.
   if (recipe < 0 || recipe >= kGemmRecipes) {
+    std::ostringstream why;
     why << "recipe must be in [0, " << kGemmRecipes << "), got " << recipe;
     return why.str();
   }
   const bool tail_recipe = recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1;
   if (!((split_k >= 1 && split_k <= kGemmMaxSplitK) || (split_k == 0 && tail_recipe))) {
+    std::ostringstream why;
     why << "split_k must be " << (tail_recipe ? "0 (the last wave split along K) or " : "") << "in [1, "
         << kGemmMaxSplitK << "], got " << split_k
         << (split_k == 0 ? " (0, the last wave split along K, is for recipes 4 and 5)" : "");
     return why.str();
   }
   if (recipe == kGemmSm90StreamRecipe && split_k > kGemmSm90StreamMaxSplit) {
+    std::ostringstream why;
     why << "split_k must be in [1, " << kGemmSm90StreamMaxSplit << "] for recipe " << kGemmSm90StreamRecipe
         << " (the sm_90a weight stream runs its K slices as one cluster of CTAs), got " << split_k;
     return why.str();
@@ -133,6 +136,7 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
   const bool swaps = gemm_swaps_operands(pair, layout);
   const int64_t grid_rows = swaps ? n : m;
   if ((grid_rows + tm - 1) / tm > kGemmMaxGridYZ) {
+    std::ostringstream why;
     // Recipe 0's 128-row tiles reach the furthest of the recipes every device runs; the advice names it only where it
     // reaches further than this recipe.
     const int64_t tm0 = gemm_recipe_tile_m(0);
@@ -144,6 +148,7 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
     return why.str();
   }
   if (batch * split_k > kGemmMaxGridYZ) {
+    std::ostringstream why;
     why << "batch * split_k must be <= " << kGemmMaxGridYZ << ", got " << batch << " * " << split_k;
     return why.str();
   }

@@ -825,11 +825,11 @@ def test_pdl_off_same_bits(plan):
 # --- 64-bit indexing -----------------------------------------------------------------------------------------------
 
 # (M, N, K, plan): the output past 2^31 elements (M x N = 2^31 + 129 x 8192); split 2 on an output past 2^30, so its
-# fp32 partials pass 2^31; a [M, 264] past 2^31 elements itself, with M inside the op's limit of 65535 tile rows for
+# fp32 partials pass 2^31; a [M, 272] past 2^31 elements itself (K = 272: int8 rows must be 16-byte multiples), with M inside the op's limit of 65535 tile rows for
 # the 128- and 256-row tiles (recipes 1 and 9 tile 64 rows: M up to 4194240). They reach offsets past 2^31.
 BIG_OUT = (2**31 // 8192 + 129, 8192, 64)
 BIG_SPLIT = (2**30 // 8192 + 129, 8192, 2048)
-BIG_A = (2**31 // 264 + 129, 64, 264)
+BIG_A = (2**31 // 272 + 129, 64, 272)
 assert BIG_OUT[0] * BIG_OUT[1] > 2**31 and 2 * BIG_SPLIT[0] * BIG_SPLIT[1] > 2**31 and BIG_A[0] * BIG_A[2] > 2**31
 assert -(-BIG_A[0] // 128) <= 65535
 BIG_CASES = ([("w16a16", BIG_OUT, p) for p in [None, (0, 1), (1, 1), (3, 1), (4, 1), (5, 1), (4, 0)]]
