@@ -73,6 +73,8 @@ def main() -> None:
     op = torch.ops.astrai.quant_gemm.default
     cases[f"op quant_gemm w8a16, plan ({recipe}, {split}) given"] = lambda: op(
         x, w8.weight, None, w8.weight_scale, None, torch.bfloat16, 0, recipe, split)
+    cases["op quant_gemm w8a16 (the packet), plan given"] = lambda: torch.ops.astrai.quant_gemm(
+        x, w8.weight, None, w8.weight_scale, None, torch.bfloat16, 0, recipe, split)
     cases["op quant_gemm w16a16, plan (2, 1) given"] = lambda: op(x, lin.weight, None, None, None, torch.bfloat16, 0,
                                                                   2, 1)
     cases["op quant_gemm_set_pdl (no tensors)"] = lambda: torch.ops.astrai.quant_gemm_set_pdl.default(True)
@@ -83,6 +85,8 @@ def main() -> None:
     q4 = torch.randn(8, 1, 32, 128, device=DEVICE, dtype=torch.bfloat16)
     kv = torch.randn(8, 512, 8, 128, device=DEVICE, dtype=torch.bfloat16)
     cases["attention decode (ours, policy + op)"] = lambda: ae.attention(q4, kv, kv)
+    cases["op attn_decode alone (split 0: the op's own)"] = lambda: torch.ops.astrai.attn_decode.default(
+        q4.view(8, 32, 128), kv, kv, None, None, 128 ** -0.5, 0)
     qt, kt = q4.transpose(1, 2), kv.transpose(1, 2)
     cases["F.scaled_dot_product_attention (GQA)"] = lambda: F.scaled_dot_product_attention(qt, kt, kt,
                                                                                           enable_gqa=True)
