@@ -1,12 +1,17 @@
 """Probe (GPU): host time a call of our eager Python paths, beside the torch calls a model would make instead.
 
     python tests/bench/probe_host_cost.py
+    python tests/bench/probe_host_cost.py cpu      # no GPU: the ops' argument checks alone (below)
 
 Small shapes (M = 1, 1024 x 1024 weights, one decode step of 8 sequences) so that the GPU keeps up with the host:
 each case runs `CALLS` calls back to back; "host" is the loop's time before the final synchronize (what the Python
 path costs the caller), "wall" includes the synchronize. Eager decoding calls every linear, rotary and attention of
 every layer once a token, so these microseconds multiply by ~7 linears + 1 attention + 1 rotary a layer.
 Reference for docs/benchmarks.md ("Host cost of the eager paths"); not a gate.
+
+`cpu`: the ops' CPU registrations with valid CPU operands run every argument check a CUDA call runs, then refuse the
+device (an exception, caught here): the same refusal in every image, so comparing two images (`ASTRAI_IMAGE`) times
+what their passing checks cost. No GPU needed.
 """
 
 from __future__ import annotations
@@ -102,5 +107,37 @@ def main() -> None:
             print(f"{name:44s} {host:12.2f} {wall:12.2f}")
 
 
+def checks_on_cpu(calls: int = 20000, repeats: int = 5) -> None:
+    """Host us a call of the ops' CPU registrations (checks, then the device refusal), median of `repeats` loops."""
+    from astrai.extension.ops import attention as attention_ops
+    gemm_ops.load()
+    attention_ops.load()
+    x = torch.randn(1, 1024, dtype=torch.bfloat16)
+    w = torch.zeros(1024, 1024, dtype=torch.int8)
+    scale = torch.ones(1024)
+    q = torch.randn(8, 32, 128, dtype=torch.bfloat16)
+    kv = torch.randn(8, 512, 8, 128, dtype=torch.bfloat16)
+    cases = {"quant_gemm w8a16 (1 x 1024 x 1024)": lambda: torch.ops.astrai.quant_gemm.default(
+                 x, w, None, scale, None, torch.bfloat16, 0, 2, 1),
+             "attn_decode (8 x 32 x 128, L 512)": lambda: torch.ops.astrai.attn_decode.default(
+                 q, kv, kv, None, None, 128 ** -0.5, 0),
+             "quant_gemm_set_pdl (no tensors, no refusal)": lambda: torch.ops.astrai.quant_gemm_set_pdl.default(True)}
+
+    def loop(fn, n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            try:
+                fn()
+            except RuntimeError:  # "a must be a CUDA tensor": after every other check passed
+                pass
+        return (time.perf_counter() - t0) / n * 1e6
+
+    print(f"{'case (CPU registration)':44s} {'host us/call':>12s}")
+    for name, fn in cases.items():
+        loop(fn, calls // 10)
+        print(f"{name:44s} {statistics.median(loop(fn, calls) for _ in range(repeats)):12.2f}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    checks_on_cpu() if sys.argv[1:] == ["cpu"] else main()
