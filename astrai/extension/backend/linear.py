@@ -37,7 +37,7 @@ from astrai.extension.backend import quantize as _quantize_policy
 from astrai.extension.backend.gemm import ALIGN, cuda_blocker, quant_gemm
 from astrai.extension.backend.quantize import (quantize_fp8_dynamic, quantize_int8_per_channel,
                                                 quantize_int8_per_row)
-from astrai.extension.ops import gemm as _gemm_ops
+from astrai.extension.ops import gemm_plan as _gemm_plan
 
 MODES = ("w8a16", "w8a8", "fp8")
 FN = "quantize_linear_"
@@ -191,8 +191,11 @@ class QuantLinear(nn.Module):
                  and x2.data_ptr() % ALIGN == 0)
         if plain and self._fast_key is not None and self._fast_key == self._key(x2, weight, scale, bias):
             a, a_scale = self._quantize_input_kernel(x2)
-            y = _gemm_ops.quant_gemm(a, weight, a_scale=a_scale, b_scale=scale, bias=bias, out_dtype=x.dtype)
-            return y.view(out_shape)
+            # ops.gemm.quant_gemm's own steps for this call, less those the checked call settled (the family is
+            # loaded, layout "nt", not traced): the chain's plan (kept per shape) and the op.
+            recipe, split_k = _gemm_plan.plan_call(a, weight, a_scale, scale, bias, x.dtype, 0, None, False)
+            y = torch.ops.astrai.quant_gemm.default(a, weight, a_scale, scale, bias, x.dtype, 0, recipe, split_k)
+            return y if x.dim() == 2 else y.view(out_shape)
         if weight.dtype != _QUANT_DTYPE[self.mode]:
             raise TypeError(f"{type(self).__name__}: weight is {weight.dtype}, not {_QUANT_DTYPE[self.mode]} (mode "
                             f"{self.mode!r}): it was replaced after quantization (re-tying an embedding with "
@@ -232,7 +235,7 @@ class W8A8Linear(QuantLinear):
         return quantize_int8_per_row(x2)
 
     def _quantize_input_kernel(self, x2: torch.Tensor):
-        q, _, scale = torch.ops.astrai.quantize_dynamic(x2, torch.int8, 1, False, 0)  # per row, row-major
+        q, _, scale = torch.ops.astrai.quantize_dynamic.default(x2, torch.int8, 1, False, 0)  # per row, row-major
         return q, scale
 
 
@@ -246,7 +249,8 @@ class Fp8Linear(QuantLinear):
         return q, scale
 
     def _quantize_input_kernel(self, x2: torch.Tensor):
-        q, _, scale = torch.ops.astrai.quantize_dynamic(x2, torch.float8_e4m3fn, 1, False, 0)  # per row, row-major
+        # per row, row-major
+        q, _, scale = torch.ops.astrai.quantize_dynamic.default(x2, torch.float8_e4m3fn, 1, False, 0)
         return q, scale
 
 

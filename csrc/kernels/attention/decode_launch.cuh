@@ -10,6 +10,7 @@
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/device_facts.h"
 #include "kernels/common/host/pdl_launch.h"
+#include "kernels/common/host/smem_optin.h"
 
 namespace astrai {
 namespace attention {
@@ -24,11 +25,10 @@ cudaError_t launch_decode_tile(const DecodeParams& p, cudaStream_t stream, bool 
   const dim3 grid(unsigned(p.num_kv_heads * head_groups), unsigned(p.batch), unsigned(p.num_splits));
   auto kernel = p.paged ? decode_split_kv_kernel<kHeadDim, true, Tile> : decode_split_kv_kernel<kHeadDim, false, Tile>;
   // The 48 KB default limit counts static shared memory too (the kernel's few reduction words): a 48 KB ring
-  // already needs the opt-in. Per call: the attribute is per device, and the call costs no GPU time.
+  // already needs the opt-in, once per device and kernel (paged or not).
   if constexpr (Traits::kSmemBytes + 1024 > 48 * 1024) {
-    const cudaError_t status =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-    if (status != cudaSuccess) return status;
+    static std::atomic<uint64_t> smem_set[2];
+    ASTRAI_CUDA_TRY(allow_smem(kernel, Traits::kSmemBytes, smem_set[p.paged ? 1 : 0]));
   }
   return launch_maybe_dependent(kernel, grid, dim3(unsigned(Traits::kThreads)), Traits::kSmemBytes, stream, pdl, p);
 }

@@ -6,6 +6,7 @@
 #include "kernels/attention/prefill_dispatch.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/attention/attention_policy.h"
+#include "kernels/common/host/smem_optin.h"
 #include "kernels/common/host/tensor_map.h"
 
 namespace astrai {
@@ -58,7 +59,8 @@ template <bool kRaggedQ, bool kPaged>
 cudaError_t launch_sm90_variant(const PrefillParams& p, bool tma, int64_t sms, cudaStream_t stream) {
   using Tr = PrefillSm90Traits;
   auto* kernel = &prefill_bf16_sm90_kernel<kRaggedQ, kPaged>;
-  ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  static std::atomic<uint64_t> smem_set{0};  // the opt-in, once per device
+  ASTRAI_CUDA_TRY(allow_smem(kernel, Tr::kSmemBytes, smem_set));
   const int group = p.num_q_heads / p.num_kv_heads;
   const int64_t head_blocks = int64_t(p.num_kv_heads) * (group >> prefill_heads_log2(group));
   const int64_t items = int64_t(p.num_q_tiles) * head_blocks;  // <= INT32_MAX (checked by the launcher)

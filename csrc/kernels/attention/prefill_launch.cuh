@@ -4,6 +4,7 @@
 #include "kernels/attention/bf16_prefill.cuh"
 #include "kernels/attention/prefill_dispatch.h"
 #include "kernels/common/host/cuda_check.h"
+#include "kernels/common/host/smem_optin.h"
 
 namespace astrai {
 namespace attention {
@@ -12,9 +13,9 @@ template <int kHeadDim, bool kRaggedQ, bool kPaged, bool kPageGroups = false>
 cudaError_t launch_prefill_variant(const PrefillParams& p, cudaStream_t stream) {
   constexpr int kSmem = PrefillTraits<kHeadDim>::kSmemBytes;
   auto* kernel = &prefill_bf16_kernel<kHeadDim, kRaggedQ, kPaged, kPageGroups>;
-  // Above 48 KB of dynamic shared memory a kernel must opt in, per device: set it on every launch (cheap, and
-  // right whichever device is current).
-  ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  // Above 48 KB of dynamic shared memory a kernel must opt in, once per device.
+  static std::atomic<uint64_t> smem_set{0};
+  ASTRAI_CUDA_TRY(allow_smem(kernel, kSmem, smem_set));
   const int group = p.num_q_heads / p.num_kv_heads;
   const int64_t head_blocks = int64_t(p.num_kv_heads) * (group >> prefill_heads_log2(group));
   const int64_t blocks = int64_t(p.num_q_tiles) * head_blocks;  // <= INT32_MAX (checked by the launcher)

@@ -10,24 +10,13 @@
 #include "kernels/common/host/align.h"
 #include "kernels/common/host/cuda_check.h"
 #include "kernels/common/host/pdl_launch.h"
+#include "kernels/common/host/smem_optin.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/sm80_gemm.cuh"
 #include "kernels/gemm/sm80_gemm_majors.cuh"
 
 namespace astrai {
 namespace gemm {
-
-// The opt-in shared-memory size is a per-device attribute of each kernel: set once per device (bit d of `done`).
-template <class Kernel>
-cudaError_t allow_smem(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
-  int device = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? (uint64_t(1) << device) : 0;
-  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-  ASTRAI_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit, std::memory_order_acq_rel);
-  return cudaSuccess;
-}
 
 // kAMn / kBMn: a / b MN-major (sm80_gemm_majors.cuh); both false is the nt kernel.
 template <class Pair, class R, bool kAMn, bool kBMn>
@@ -102,10 +91,22 @@ cudaError_t launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
 }
 
 // ptxVersion of the code this image runs for (Pair, recipe 0) on the current device (80 for the compute_80 PTX).
+// Fixed per device for the process: queried once per device (the fp8 policy asks at every call of a portable recipe).
 template <class Pair>
 cudaError_t code_arch(int* ptx_version) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // ptxVersion + 1; 0 not asked yet
+  int device = 0;
+  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  const int cached = cacheable ? known[device].load(std::memory_order_relaxed) : 0;
+  if (cached > 0) {
+    *ptx_version = cached - 1;
+    return cudaSuccess;
+  }
   cudaFuncAttributes attr{};
   ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, &gemm_sm80_kernel<Pair, RecipeM128N128>));
+  if (cacheable) known[device].store(attr.ptxVersion + 1, std::memory_order_relaxed);
   *ptx_version = attr.ptxVersion;
   return cudaSuccess;
 }
