@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import astrai.extension as ae
+from astrai.extension import loader
 from astrai.extension.backend import gemm as gemm_backend
 from astrai.extension.ops import gemm as gemm_ops
 from astrai.extension.ops import gemm_plan
@@ -101,6 +102,7 @@ def main() -> None:
     with torch.inference_mode():
         for fn in cases.values():
             fn()  # warm: plans, fast-path keys, lazy loads
+        print("libraries: " + ", ".join(sorted(set(loader.loaded_families().values()))))
         print(f"{'case':44s} {'host us/call':>12s} {'wall us/call':>12s}")
         for name, fn in cases.items():
             host, wall = host_us(fn)
@@ -132,6 +134,7 @@ def checks_on_cpu(calls: int = 20000, repeats: int = 5) -> None:
                 pass
         return (time.perf_counter() - t0) / n * 1e6
 
+    print("libraries: " + ", ".join(sorted(set(loader.loaded_families().values()))))
     print(f"{'case (CPU registration)':44s} {'host us/call':>12s}")
     for name, fn in cases.items():
         loop(fn, calls // 10)
