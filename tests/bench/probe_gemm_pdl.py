@@ -13,7 +13,8 @@ The default launch is timed first in every cell: alternate images or runs before
 `tail`: the Hopper recipes at split 1 (PDL on and off) against the last wave split (split 0, launched plainly), the
 same two ways (back to back, +pad), at M = 1024 / 4096 on the shapes where the thirty-third session's H100 probe
 timed split 0 up to 12% ahead in a back-to-back graph while the H200 sweeps (each call alone) had it ~1% behind:
-whether PDL, the regime or the split itself makes the difference (docs/benchmarks.md).
+whether PDL, the regime or the split itself makes the difference (docs/benchmarks.md). Columns interleaved over
+`ROUNDS` rounds, with their spread (the thirty-fourth session's single-block timings drifted 10-15% within a cell).
 
     PYTHONPATH=.:tests/bench python tests/bench/probe_gemm_pdl.py [quick|tail]      # from the repository root, on a GPU
 """
@@ -66,23 +67,35 @@ TAIL_CELLS = [("w16a16", 5, 4096, 6144, 4096), ("w16a16", 5, 4096, 4096, 14336),
               ("fp8_tensor", 4, 4096, 14336, 4096), ("w8a8", 5, 4096, 14336, 4096), ("w16a16", 4, 1024, 14336, 4096)]
 
 
+# tail mode: the columns are timed in ROUNDS interleaved rounds (each a graph of `calls` calls replayed 5 times, its
+# median), so that drift over the seconds a cell takes (the thirty-fourth session's H100 moved 10-15% within a cell
+# when each column was timed in one block) hits every column alike; "spread" is the largest (max - min) / median of a
+# main column's rounds: differences below it are not an order.
+ROUNDS = 5
+
+
 def tail() -> None:
-    print(f"{'pair':11} {'r':>1} {'M':>5} {'N':>6} {'K':>6} | {'s1 on':>7} {'s1 off':>7} {'s0':>7} {'s0/s1on':>7} | "
-          f"{'+pad s1 on':>10} {'+pad s1 off':>11} {'+pad s0':>8} {'pad':>6} {'s0/s1on+pad':>11}")
+    print(f"{'pair':11} {'r':>1} {'M':>5} {'N':>6} {'K':>6} | {'s1 on':>7} {'s1 off':>7} {'s0':>7} {'s0/s1on':>7} "
+          f"{'spread':>6} | {'+pad s1 on':>10} {'+pad s1 off':>11} {'+pad s0':>8} {'pad':>6} {'s0/s1on+pad':>11}")
     ops.load()
     for pair, recipe, m, n, k in TAIL_CELLS:
         sets, calls = padded_sets(pair, m, n, k)
         split1 = bg.kernel_step(pair, m, functools.partial(ops.quant_gemm, plan=(recipe, 1)))
         split0 = bg.kernel_step(pair, m, functools.partial(ops.quant_gemm, plan=(recipe, ops.TAIL_SPLIT)))
+        columns = {"on": (split1, True), "off": (split1, False), "s0": (split0, True),
+                   "on_p": (behind_pad(split1), True), "off_p": (behind_pad(split1), False),
+                   "s0_p": (behind_pad(split0), True), "pad": (pad_only, True)}
+        rounds = {name: [] for name in columns}
+        for _ in range(ROUNDS):
+            for name, (step, pdl) in columns.items():
+                gemm_plan.set_staging(pdl=pdl)
+                rounds[name].append(statistics.median(gpu_timing.time_graph(step, sets, calls, 5)))
         gemm_plan.set_staging(pdl=True)
-        on, on_p = med(split1, sets, calls), med(behind_pad(split1), sets, calls)
-        gemm_plan.set_staging(pdl=False)
-        off, off_p = med(split1, sets, calls), med(behind_pad(split1), sets, calls)
-        gemm_plan.set_staging(pdl=True)
-        s0, s0_p = med(split0, sets, calls), med(behind_pad(split0), sets, calls)
-        p = med(pad_only, sets, calls)
-        print(f"{pair:11} {recipe:1d} {m:5d} {n:6d} {k:6d} | {on:7.2f} {off:7.2f} {s0:7.2f} {s0 / on:7.3f} | "
-              f"{on_p:10.2f} {off_p:11.2f} {s0_p:8.2f} {p:6.2f} {(s0_p - p) / (on_p - p):11.3f}", flush=True)
+        t = {name: statistics.median(v) for name, v in rounds.items()}
+        spread = max((max(rounds[c]) - min(rounds[c])) / t[c] for c in ("on", "off", "s0"))
+        print(f"{pair:11} {recipe:1d} {m:5d} {n:6d} {k:6d} | {t['on']:7.2f} {t['off']:7.2f} {t['s0']:7.2f} "
+              f"{t['s0'] / t['on']:7.3f} {spread:6.3f} | {t['on_p']:10.2f} {t['off_p']:11.2f} {t['s0_p']:8.2f} "
+              f"{t['pad']:6.2f} {(t['s0_p'] - t['pad']) / (t['on_p'] - t['pad']):11.3f}", flush=True)
         del sets
         torch.cuda.empty_cache()
 
