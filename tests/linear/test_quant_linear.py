@@ -232,6 +232,20 @@ def test_a_checkpoint_of_another_mode_is_refused():
         ae.Fp8Linear(64, 48).load_state_dict(state)
 
 
+class _StubOp:
+    """A stand-in for an op's packet whose default overload is itself (the fast path calls `.default`)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    @property
+    def default(self):
+        return self
+
+
 @pytest.mark.requires_cuda_kernels("gemm")
 @pytest.mark.requires_cuda_kernels("quantize")
 @pytest.mark.parametrize("mode", ["w8a16", "w8a8"])
@@ -248,26 +262,10 @@ def test_the_fast_path_skips_only_checks_that_passed(mode, monkeypatch):
     quantize_ops.load()
     q = backend.MODULES[mode].from_linear(torch.nn.Linear(64, 48).to(torch.bfloat16))
     launched, checked = [], []
-
-    class Op:  # the op's packet and its default overload (the fast path calls the overload)
-        def __call__(self, a, b, *rest):
-            launched.append((a, b, rest))
-            return torch.zeros(a.shape[0], b.shape[0])
-
-        @property
-        def default(self):
-            return self
-
-    monkeypatch.setattr(torch.ops.astrai, "quant_gemm", Op())
-    class Quantize:  # likewise
-        def __call__(self, x, dtype, *rest):
-            return x.to(dtype), None, torch.ones(x.shape[0], 1)
-
-        @property
-        def default(self):
-            return self
-
-    monkeypatch.setattr(torch.ops.astrai, "quantize_dynamic", Quantize())
+    monkeypatch.setattr(torch.ops.astrai, "quant_gemm", _StubOp(
+        lambda a, b, *rest: launched.append((a, b, rest)) or torch.zeros(a.shape[0], b.shape[0])))
+    monkeypatch.setattr(torch.ops.astrai, "quantize_dynamic", _StubOp(
+        lambda x, dtype, *rest: (x.to(dtype), None, torch.ones(x.shape[0], 1))))
     monkeypatch.setattr(gemm_plan, "plan_call", lambda *a, **k: (2, 1))
     monkeypatch.setattr(gemm_backend, "_kernels_available", lambda: True)
     monkeypatch.setattr(quantize_backend, "_kernels_available", lambda: True)
