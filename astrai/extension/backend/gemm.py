@@ -119,17 +119,20 @@ def _scale_rule(pair: str, out_dtype: torch.dtype) -> tuple[str, str]:
     return ("optional", "optional") if pair == "fp8" else ("required", "required")
 
 
+def _pair_words(pair: str, out_dtype: torch.dtype) -> str:
+    """The scale rule's subject in a message (built only when raising: _check_scales runs on every checked call)."""
+    return f"pair {pair!r}" + (" with out_dtype torch.int32" if out_dtype == torch.int32 else "")
+
+
 def _check_scales(fn: str, pair: str, out_dtype: torch.dtype, shape: ops.Problem, a_scale, b_scale,
                   device: torch.device) -> None:
-    def why() -> str:  # only for a message: this runs on every checked call
-        return f"pair {pair!r}" + (" with out_dtype torch.int32" if out_dtype == torch.int32 else "")
-
     for (name, scale, size), rule in zip((("a_scale", a_scale, shape.m), ("b_scale", b_scale, shape.n)),
                                          _scale_rule(pair, out_dtype)):
         if rule == "forbidden" and scale is not None:
-            raise ValueError(f"{fn}: {name} must be None for {why()}, got a tensor of shape {_shape(scale)}")
+            raise ValueError(f"{fn}: {name} must be None for {_pair_words(pair, out_dtype)}, got a tensor of shape "
+                             f"{_shape(scale)}")
         if rule == "required" and scale is None:
-            raise ValueError(f"{fn}: {name} must be given for {why()}, got None")
+            raise ValueError(f"{fn}: {name} must be given for {_pair_words(pair, out_dtype)}, got None")
         if scale is not None:
             _check_scale(fn, name, scale, size, device)
 

@@ -90,25 +90,12 @@ cudaError_t launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
   }
 }
 
-// ptxVersion of the code this image runs for (Pair, recipe 0) on the current device (80 for the compute_80 PTX).
-// Fixed per device for the process: queried once per device (the fp8 policy asks at every call of a portable recipe).
+// ptxVersion of the code this image runs for (Pair, recipe 0) on the current device (80 for the compute_80 PTX), asked
+// once per device (the fp8 policy asks at every call of a portable recipe).
 template <class Pair>
 cudaError_t code_arch(int* ptx_version) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // ptxVersion + 1; 0 not asked yet
-  int device = 0;
-  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  const int cached = cacheable ? known[device].load(std::memory_order_relaxed) : 0;
-  if (cached > 0) {
-    *ptx_version = cached - 1;
-    return cudaSuccess;
-  }
-  cudaFuncAttributes attr{};
-  ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, &gemm_sm80_kernel<Pair, RecipeM128N128>));
-  if (cacheable) known[device].store(attr.ptxVersion + 1, std::memory_order_relaxed);
-  *ptx_version = attr.ptxVersion;
-  return cudaSuccess;
+  static PdlCodeCache known;
+  return code_ptx_version(&gemm_sm80_kernel<Pair, RecipeM128N128>, known, ptx_version);
 }
 
 }  // namespace gemm

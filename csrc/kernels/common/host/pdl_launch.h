@@ -10,27 +10,40 @@
 
 namespace astrai {
 
-// One call site's per-device answer of code_waits_for_grid: 0 unknown, 1 no, 2 yes.
+// One call site's per-device ptxVersion of a kernel's code (cudaFuncAttributes::ptxVersion + 1; 0 not asked yet).
 constexpr int kPdlMaxDevices = 64;
-using PdlCodeCache = std::atomic<int8_t>[kPdlMaxDevices];
+using PdlCodeCache = std::atomic<int16_t>[kPdlMaxDevices];
+
+// The ptxVersion of `kernel`'s code for the current device (80 for the compute_80 PTX JIT-compiled there). Fixed per
+// device for the process, so it is asked once per device and kept in the caller's `known`.
+template <class Kernel>
+cudaError_t code_ptx_version(Kernel kernel, PdlCodeCache& known, int* version) {
+  int device = 0;
+  ASTRAI_CUDA_TRY(cudaGetDevice(&device));
+  const bool cacheable = device >= 0 && device < kPdlMaxDevices;
+  const int cached = cacheable ? known[device].load(std::memory_order_relaxed) : 0;
+  if (cached > 0) {
+    *version = cached - 1;
+    return cudaSuccess;
+  }
+  cudaFuncAttributes attr{};
+  ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, kernel));
+  if (cacheable) known[device].store(int16_t(attr.ptxVersion + 1), std::memory_order_relaxed);
+  *version = attr.ptxVersion;
+  return cudaSuccess;
+}
 
 // Whether `kernel`'s code for the current device is sm_90+ (ptxVersion >= 90): only such code holds the
 // griddepcontrol.wait that makes a programmatic dependent launch safe (a compute_80 PTX image JIT-compiled for an
-// H200 does not). The answer is fixed per device for the process, so it is kept in the caller's `known`.
+// H200 does not). Devices past the cache's range never take it.
 template <class Kernel>
 cudaError_t code_waits_for_grid(Kernel kernel, PdlCodeCache& known, bool* yes) {
   *yes = false;
-  int device = 0;
+  int device = 0, version = 0;
   ASTRAI_CUDA_TRY(cudaGetDevice(&device));
   if (device < 0 || device >= kPdlMaxDevices) return cudaSuccess;
-  int8_t state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attr{};
-    ASTRAI_CUDA_TRY(cudaFuncGetAttributes(&attr, kernel));
-    state = attr.ptxVersion >= 90 ? 2 : 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  *yes = state == 2;
+  ASTRAI_CUDA_TRY(code_ptx_version(kernel, known, &version));
+  *yes = version >= 90;
   return cudaSuccess;
 }
 
