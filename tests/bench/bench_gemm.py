@@ -2,7 +2,8 @@
 weight-stream floor of the same run.
 
 Method (shared/MEASURE.md): CUDA events around replays of a CUDA graph of many calls, median over replays; the
-anchor and the floor are measured in the same run. Anchors per pair (`ANCHORS`):
+anchor and the floor are measured in the same run, the anchor's and the kernel's replays interleaved (order alternated
+each replay, `gpu_timing.time_graphs`) so that a GPU whose speed drifts within the case does not favour either side. Anchors per pair (`ANCHORS`):
 
 - w16a16 (bf16 x bf16): cuBLAS bf16 `F.linear(x, w)`;
 - w8a16 (bf16 x int8, per-channel scale): cuBLAS bf16 `F.linear` on the bf16 weights the int8 ones and scales
@@ -253,10 +254,12 @@ def measure(pair: str, m: int, n: int, k: int, *, replays: int = 20) -> dict:
     n_sets, calls = sets_and_calls(kernel_bytes(pair, m, n, k), estimate_us(pair, m, n, k), gpu_timing.l2_bytes())
     sets = [make_set(pair, m, n, k) for _ in range(n_sets)]
     rel_error = check(pair, m, sets[0])
-    anchor_us = statistics.median(gpu_timing.time_graph(anchor_step(pair, m), sets, calls, replays))
-    times = gpu_timing.time_graph(kernel_step(pair, m), sets, calls, replays)
-    dequant_us = (statistics.median(gpu_timing.time_graph(dequant_step, sets, calls, replays))
-                  if pair == "w8a16" else None)
+    steps = {"anchor": anchor_step(pair, m), "kernel": kernel_step(pair, m)}
+    if pair == "w8a16":
+        steps["dequant"] = dequant_step
+    timed = gpu_timing.time_graphs(steps, sets, calls, replays)  # interleaved: a drift falls on both sides alike
+    anchor_us, times = statistics.median(timed["anchor"]), timed["kernel"]
+    dequant_us = statistics.median(timed["dequant"]) if pair == "w8a16" else None
     del sets
     torch.cuda.empty_cache()
     wbytes = weight_bytes(pair, n, k)

@@ -1,6 +1,7 @@
 """Timing and machine record shared by the benchmark scripts (shared/MEASURE.md's method).
 
-`time_graph` times CUDA-graph replays of many calls with CUDA events; `time_copy` the device copy that is the
+`time_graph` times CUDA-graph replays of many calls with CUDA events (`time_graphs`: several steps, their replays
+interleaved); `time_copy` the device copy that is the
 memory-bound ceiling, `time_gemm` the cuBLAS bf16 GEMM that is the compute-bound one; `summarize` folds repeated
 runs of one case into the record the pytest-benchmark suites store; `environment` is the record (GPU, driver,
 CUDA, torch, image, clocks, commit, date) written beside every result; `commit` says which commit a result
@@ -56,6 +57,47 @@ def time_graph(step, sets: list, calls: int, replays: int) -> list[float]:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     del graph
+    torch.cuda.synchronize()
+    return times
+
+
+def time_graphs(steps: dict, sets: list, calls: int, replays: int) -> dict[str, list[float]]:
+    """`time_graph` for several steps over the same sets, their replays interleaved: replay r times every step's graph
+    once, in the given order on even r and reversed on odd r, so that a drift of the GPU's speed within the
+    measurement (clocks or power under sustained load: the H100's back-to-back graphs drifted 10-15% within seconds)
+    falls on every step alike instead of on whichever was timed later. Microseconds per call for each replay, by
+    step name."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: module load, lazy kernel load, allocator
+        for step in steps.values():
+            for s in sets:
+                step(s)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graphs = {}
+    for name, step in steps.items():
+        graph = torch.cuda.CUDAGraph()
+        held = collections.deque(maxlen=len(sets))  # outputs rotate with the inputs instead of reusing one block
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                held.append(step(sets[i % len(sets)]))
+        held.clear()
+        graphs[name] = graph
+    for graph in graphs.values():
+        for _ in range(3):
+            graph.replay()
+    times = {name: [] for name in steps}
+    order = list(steps)
+    for r in range(replays):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / calls)
+    del graphs
     torch.cuda.synchronize()
     return times
 
