@@ -33,32 +33,7 @@ def l2_bytes() -> int:
 
 def time_graph(step, sets: list, calls: int, replays: int) -> list[float]:
     """Microseconds per call for each replay of a graph of `calls` calls of step(set) over the sets in turn."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up: module load, lazy kernel load, allocator
-        for s in sets:
-            step(s)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    held = collections.deque(maxlen=len(sets))  # outputs rotate with the inputs instead of reusing one block
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            held.append(step(sets[i % len(sets)]))
-    held.clear()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    torch.cuda.synchronize()
-    return times
+    return time_graphs({"step": step}, sets, calls, replays)["step"]
 
 
 def time_graphs(steps: dict, sets: list, calls: int, replays: int) -> dict[str, list[float]]:
