@@ -3,7 +3,8 @@ weight-stream floor of the same run.
 
 Method (shared/MEASURE.md): CUDA events around replays of a CUDA graph of many calls, median over replays; the
 anchor and the floor are measured in the same run, the anchor's and the kernel's replays interleaved (order alternated
-each replay, `gpu_timing.time_graphs`) so that a GPU whose speed drifts within the case does not favour either side. Anchors per pair (`ANCHORS`):
+each replay, `gpu_timing.time_graphs`) so that a GPU whose speed drifts within the case does not favour either side.
+Anchors per pair (`ANCHORS`):
 
 - w16a16 (bf16 x bf16): cuBLAS bf16 `F.linear(x, w)`;
 - w8a16 (bf16 x int8, per-channel scale): cuBLAS bf16 `F.linear` on the bf16 weights the int8 ones and scales

@@ -1,8 +1,8 @@
 """Timing and machine record shared by the benchmark scripts (shared/MEASURE.md's method).
 
 `time_graph` times CUDA-graph replays of many calls with CUDA events (`time_graphs`: several steps, their replays
-interleaved); `time_copy` the device copy that is the
-memory-bound ceiling, `time_gemm` the cuBLAS bf16 GEMM that is the compute-bound one; `summarize` folds repeated
+interleaved); `time_copy` the device copy that is the memory-bound ceiling, `time_gemm` the cuBLAS bf16 GEMM that
+is the compute-bound one; `summarize` folds repeated
 runs of one case into the record the pytest-benchmark suites store; `environment` is the record (GPU, driver,
 CUDA, torch, image, clocks, commit, date) written beside every result; `commit` says which commit a result
 belongs to where the tree has no git.
