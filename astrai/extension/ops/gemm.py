@@ -232,20 +232,6 @@ SM90_STREAM_MIN_K_TILES = 8
 # changed only the three M = 300, N = K = 960 cells of holdout4 (1.48-1.90x of the best -> the best); the fifth holdout,
 # swept after the rule was set, judges it (docs/benchmarks.md).
 SM90_FEW_TILES = 0.5
-# w16a16 and w8a8 at SM90_WIDE_MIN_M <= M <= SM90_WIDE_MAX_M with K >= SM90_WIDE_MIN_K and N * K >= SM90_WIDE_MIN_NK
-# (a wide weight and few rows: batched decode of a 7-8B model's projections) run the portable recipe 1 (m64n128, two
-# CTAs a SM), split to the smallest power of two whose CTAs reach SM90_WIDE_FILL waves (each split keeping >=
-# MIN_K_PER_SPLIT of K): the 128-row Hopper tiles spend 3-4x their useful tensor work there and the stream's
-# blocks of 16 rows read the weight 2-3 times. On the recorded H200 sweeps (docs/results/2026-12-04_h200_gemm_sweep_*)
-# it changed 10 cells: 9 faster (e.g. w16a16 M = 32, N = 14336, K = 4096 1.25x -> the best; M = 48, N = K = 8192
-# 1.25x -> the best), w8a8 M = 48, N = K = 8192 1.00x -> 1.06x; no recorded holdout is clean of it and holdout5 has
-# no shape there (docs/benchmarks.md).
-SM90_WIDE_MIN_M = 28
-SM90_WIDE_MAX_M = 48
-SM90_WIDE_MIN_K = 2048
-SM90_WIDE_MIN_NK = 32 * 1000 * 1000
-SM90_WIDE_FILL = 1.5
-SM90_WIDE_PAIRS = ("w16a16", "w8a8")
 SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.419, 4.322, None, None, 1.618),
               "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
@@ -412,8 +398,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` or `N * K >= 20e6`
     (`SM90_STREAM_W8A16_*`, split by the same rule); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
-    of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them), except
-    w16a16 and w8a8 at 28 <= M <= 48 with a wide weight (`SM90_WIDE_*`), which take recipe 1; with
+    of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them); with
     `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
     "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`), but
     for a tiny weight up to M = 96 the weight stream (`SM90_W8A16_TINY_*`).
@@ -453,9 +438,6 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
                 if few[0] == SM90_STREAM_RECIPE:
                     return few
             return _sm90_plan(m, n, k, pair, num_sms)
-        if (pair in SM90_WIDE_PAIRS and SM90_WIDE_MIN_M <= m <= SM90_WIDE_MAX_M and k >= SM90_WIDE_MIN_K
-                and n * k >= SM90_WIDE_MIN_NK):
-            return 1, _split_k(_tiles(m, n, 1), k, num_sms, SM90_WIDE_FILL)
         if m > SM90_SMALL_M:
             return _sm90_small_plan(m, n, k, pair, num_sms)
     if batch_invariant:
