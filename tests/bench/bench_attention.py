@@ -15,10 +15,12 @@ outside the timed region).
   (two matmuls of 2 FLOPs per multiply-add; kept pairs L^2, or L (L + 1) / 2 causal). Reported: TFLOP/s,
   the ratio to flash and to cuDNN (their time over ours: > 1 is faster), and paged over contiguous time. At
   head_dim 128 a `contig-mma` row times the contiguous call on the mma.sync kernel
-  (attention_plan.set_staging(sm90=False)), beside the sm_90a kernel that takes it on an H100/H200 by default. The
-  calls of one shape (anchors and kernels) are timed in PREFILL_ROUNDS interleaved rounds, each round starting one
-  call later, so that a drift of the GPU's clock under sustained load is not charged to whichever call is timed
-  last.
+  (attention_plan.set_staging(sm90=False)), beside the sm_90a kernel that takes it on an H100/H200 by default.
+
+Decode and prefill alike, the anchors' and the kernels' graphs of one shape are replayed in turn, the order reversed
+every other replay (`gpu_timing.time_graphs`, as the GEMM bench), so that a drift of the GPU's speed under sustained
+load falls on every call alike instead of on whichever is timed last. An anchor that refuses the shapes (a
+RuntimeError on a trial call) is left out of that shape's rows.
 
     python tests/bench/bench_attention.py --json attention.json          # from the repository root, on a GPU
     python tests/bench/bench_attention.py --only decode --shapes 1x4096 1x32768 16x4096 --replays 50
@@ -100,6 +102,21 @@ def _check(s: dict) -> None:
             raise RuntimeError(f"bench_attention: {name} decode disagrees with torch (max error {err:.3g})")
 
 
+def _usable_anchors(anchor_steps: dict, sample, what: str) -> dict:
+    """The anchors that run on `sample` here: each is tried once; one that raises RuntimeError (its SDPA backend
+    refuses these shapes on this GPU) is left out, with a note on stderr."""
+    usable = {}
+    for name, step in anchor_steps.items():
+        try:
+            step(sample)
+            torch.cuda.synchronize()
+        except RuntimeError as exc:
+            print(f"bench_attention: {name} SDPA unavailable for {what}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            continue
+        usable[name] = step
+    return usable
+
+
 def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128,
             replays: int = 20, min_calls: int = 32, max_sets: int = 32, serial_rows: bool = True) -> list[dict]:
     """Rows for one (B, L): the contiguous and paged kernels, with the cuDNN and flash SDPA anchors; with
@@ -121,17 +138,13 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
     if serial_rows:  # the same calls with pdl off: what the launch overlap contributes
         steps["contiguous-serial"] = _with_staging(steps["contiguous"], pdl=False)
         steps["paged16-serial"] = _with_staging(steps["paged16"], pdl=False)
-    anchors = {}
-    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-        try:
-            anchors[name] = statistics.median(gpu_timing.time_graph(_sdpa_step(be), sets, calls, replays))
-        except RuntimeError as exc:  # the backend refuses these shapes here
-            print(f"bench_attention: {name} SDPA unavailable for B={batch} L={length}: {str(exc).splitlines()[0]}",
-                  file=sys.stderr)
-            anchors[name] = None
+    anchor_steps = _usable_anchors({"cudnn": _sdpa_step(SDPBackend.CUDNN_ATTENTION),
+                                    "flash": _sdpa_step(SDPBackend.FLASH_ATTENTION)}, sets[0], f"B={batch} L={length}")
+    timed = gpu_timing.time_graphs({**anchor_steps, **steps}, sets, calls, replays)  # interleaved replays
+    anchors = {name: statistics.median(timed[name]) if name in anchor_steps else None for name in ("cudnn", "flash")}
     rows = []
-    for kind, step in steps.items():
-        times = gpu_timing.time_graph(step, sets, calls, replays)
+    for kind in steps:
+        times = timed[kind]
         us = statistics.median(times)
         row = {"batch": batch, "kv_len": length, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": head_dim,
                "kind": kind, "kernel_us": us, "kernel_us_min": min(times), "kernel_us_max": max(times),
@@ -152,7 +165,6 @@ def measure(batch: int, length: int, *, heads_q: int = 32, heads_kv: int = 8, he
 
 DEFAULT_PREFILL_SHAPES = ("1x2048", "1x8192", "8x2048", "8x8192")
 PREFILL_CHECK_ROWS = 256  # the last rows of sequence 0 checked against float32 torch before timing
-PREFILL_ROUNDS = 3  # interleaved timing rounds per shape (see the module docstring)
 
 
 def _make_prefill_set(batch, length, heads_q, heads_kv, head_dim) -> dict:
@@ -244,26 +256,12 @@ def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32,
     if head_dim == 128:  # the mma.sync kernel too, where an sm_90a one may take the call
         steps["contig-mma"] = _with_staging(steps["contiguous"], sm90=False)
     _check_prefill(s, causal, steps)
-    # Anchors and kernels in interleaved rounds (see the module docstring); an anchor that refuses the shapes
-    # (RuntimeError) is dropped.
-    timed = {"cudnn": _sdpa_prefill_step(SDPBackend.CUDNN_ATTENTION, causal),
-             "flash": _sdpa_prefill_step(SDPBackend.FLASH_ATTENTION, causal), **steps}
-    times: dict[str, list[float]] = {name: [] for name in timed}
-    names = list(timed)
-    per_round = max(1, math.ceil(replays / PREFILL_ROUNDS))
-    for rnd in range(PREFILL_ROUNDS):
-        for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-            if name not in timed:
-                continue
-            try:
-                times[name] += gpu_timing.time_graph(timed[name], [s], calls, per_round)
-            except RuntimeError as exc:
-                if name in steps:
-                    raise
-                print(f"bench_attention: {name} SDPA unavailable for prefill B={batch} L={length}: "
-                      f"{str(exc).splitlines()[0]}", file=sys.stderr)
-                del timed[name]
-    anchors = {name: statistics.median(times[name]) if name in timed else None for name in ("cudnn", "flash")}
+    # Anchors and kernels with their replays interleaved (see the module docstring).
+    anchor_steps = _usable_anchors({"cudnn": _sdpa_prefill_step(SDPBackend.CUDNN_ATTENTION, causal),
+                                    "flash": _sdpa_prefill_step(SDPBackend.FLASH_ATTENTION, causal)}, s,
+                                   f"prefill B={batch} L={length}")
+    times = gpu_timing.time_graphs({**anchor_steps, **steps}, [s], calls, replays)
+    anchors = {name: statistics.median(times[name]) if name in anchor_steps else None for name in ("cudnn", "flash")}
     rows = []
     for kind in steps:
         us = statistics.median(times[kind])
@@ -271,8 +269,7 @@ def measure_prefill(batch: int, length: int, causal: bool, *, heads_q: int = 32,
                "head_dim": head_dim, "causal": causal, "kind": kind, "kernel_us": us,
                "kernel_us_min": min(times[kind]), "kernel_us_max": max(times[kind]), "flops": flops,
                "kernel_tflops": flops / us / 1e6, "cudnn_us": anchors["cudnn"], "flash_us": anchors["flash"],
-               "calls_per_graph": calls, "replays": per_round * PREFILL_ROUNDS, "rounds": PREFILL_ROUNDS,
-               "paged_over_contiguous": None}
+               "calls_per_graph": calls, "replays": replays, "paged_over_contiguous": None}
         for name in ("cudnn", "flash"):
             a = anchors[name]
             row[f"{name}_tflops"] = None if a is None else flops / a / 1e6

@@ -314,3 +314,31 @@ def test_gemm_fp8_blocker_reports_the_backend_then_the_op(monkeypatch):
         bench_gemm.fp8_blocker("cpu")
     monkeypatch.setattr(bench_gemm.ops, "quant_gemm", lambda *a, **kw: None)
     assert bench_gemm.fp8_blocker("cpu") is None
+
+
+def test_attention_bench_leaves_out_an_anchor_that_refuses(monkeypatch, capsys):
+    """bench_attention times anchors and kernels in one interleaved set (`gpu_timing.time_graphs`), so an SDPA backend
+    that refuses the shapes must be found before: one trial call each, a RuntimeError drops that anchor (named on
+    stderr), anything else propagates."""
+    import bench_attention
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+
+    def refuses(s):
+        calls.append("cudnn")
+        raise RuntimeError("No available kernel.\nmore detail")
+
+    def runs(s):
+        calls.append("flash")
+        return s
+
+    usable = bench_attention._usable_anchors({"cudnn": refuses, "flash": runs}, "sample", "B=1 L=64")
+    assert list(usable) == ["flash"] and usable["flash"] is runs and calls == ["cudnn", "flash"]
+    assert "cudnn SDPA unavailable for B=1 L=64: No available kernel." in capsys.readouterr().err
+
+    def broken(s):
+        raise ValueError("a bug, not a refusal")
+
+    with pytest.raises(ValueError):
+        bench_attention._usable_anchors({"flash": broken}, "sample", "B=1 L=64")
