@@ -34,6 +34,10 @@
 #            the chain's plans against every plan on the step's M = 1 GEMM shapes, the attention call at each KV split,
 #            an L2 pre-warm experiment; $OUT/decode_step.json; not gated; explicit only; PROBE_PARTS="prewarm ..."
 #            picks parts and their order, the JSON rewritten after each)
+#            plan-sweeps (python -m astrai.extension.gemm_tune sweep over SWEEP_GRIDS, default "holdout7 train
+#            train_small": every recipe of the GEMM plan chain timed twice on this GPU, $OUT/sweep_<grid>.json, each
+#            written when its grid ends; the input of `gemm_tune evaluate / fit`; 14-15 s a 30-shape holdout on an
+#            H100 (2026-12-06), a training grid three times its cells: explicit only)
 #            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release;
 #            skips with the reason when the image's toolkit or arches differ from the recorded digest's)
 # Time: BUDGET_S (default 560) for the whole call; a tier that would start past it is skipped, and each tier
@@ -60,7 +64,7 @@ declare -A status seconds detail
 # cu-tests took 115 s there. Measured tier times: docs/benchmarks.md, "GPU tiers".
 declare -A TIER_LIMIT=([info]=60 [cu-tests]=150 [sanitize]=240 [test-gpu]=300 [test-gpu-ptx80]=400
   [test-gpu-ptx89]=400 [bench]=330 [bench-gate]=30 [sass-digest]=120 [dashboard]=60 [golden]=300 [models]=300
-  [decode-probe]=300)
+  [decode-probe]=300 [plan-sweeps]=300)
 for kv in ${TIER_LIMITS:-}; do TIER_LIMIT[${kv%%=*}]=${kv#*=}; done  # e.g. TIER_LIMITS="test-gpu=300 bench=200"
 START=$SECONDS
 
@@ -182,6 +186,13 @@ for tier in "${tiers[@]}"; do
       # shellcheck disable=SC2086
       run_tier decode-probe env OUT="$OUT" PYTHONPATH="$PWD:$PWD/tests/bench" $PY tests/bench/probe_decode_step.py ${PROBE_PARTS:-}
       detail[decode-probe]=$([ -f "$OUT/decode_step.json" ] && echo "$OUT/decode_step.json" || echo "no decode_step.json") ;;
+    plan-sweeps)
+      # The plan chain's sweeps, not gated (docs/benchmarks.md "GEMM plan chain"): one JSON a grid, judged offline by
+      # `python -m astrai.extension.gemm_tune evaluate <json>`; a grid that fails leaves the others' JSON.
+      run_tier plan-sweeps bash -c "rc=0; for g in ${SWEEP_GRIDS:-holdout7 train train_small}; do
+          $PY -m astrai.extension.gemm_tune sweep --grid \$g --out '$OUT'/sweep_\$g.json || rc=1; done; exit \$rc"
+      detail[plan-sweeps]=$(cd "$OUT" && ls sweep_*.json 2>/dev/null | tr '\n' ' ' | sed 's/ $//')
+      [ -n "${detail[plan-sweeps]}" ] || detail[plan-sweeps]="no sweep JSON" ;;
     golden)
       # Explicit only: digests for the native image and each test-only PTX image present, written into the tree
       # (later tiers of this call compare against them) and copied to $OUT/golden to bring back and commit.

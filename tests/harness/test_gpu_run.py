@@ -105,11 +105,12 @@ def test_unknown_tier_is_refused(tmp_path):
     assert proc.returncode == 2 and "unknown tier" in proc.stdout
 
 
-@pytest.mark.parametrize("tier, made", [("models", "models.json"), ("decode-probe", "decode_step.json")])
+@pytest.mark.parametrize("tier, made", [("models", "models.json"), ("decode-probe", "decode_step.json"),
+                                        ("plan-sweeps", "sweep JSON")])
 def test_the_model_tiers_are_explicit_and_fail_without_a_gpu(tmp_path, tier, made):
-    """`models` (bench_models.py) and `decode-probe` (probe_decode_step.py) are not default tiers; asked for on this CPU
-    machine each runs and fails (no CUDA), and the summary says its JSON did not come out, so the call fails rather
-    than passing empty."""
+    """`models` (bench_models.py), `decode-probe` (probe_decode_step.py) and `plan-sweeps` (gemm_tune sweep) are not
+    default tiers; asked for on this CPU machine each runs and fails (no CUDA), and the summary says its JSON did not
+    come out, so the call fails rather than passing empty."""
     proc = run_gpu_run(tmp_path, 1.0, tier)
     assert proc.returncode == 1
     assert summary(proc)[tier].startswith("FAIL("), proc.stdout[-2000:]
