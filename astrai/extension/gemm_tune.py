@@ -174,6 +174,14 @@ def sweep(grid, pairs, out: Path, *, rounds: int = gp.TUNE_ROUNDS, log=print) ->
             t0 = time.perf_counter()
             first = gp.time_candidates(run, plans, rounds=rounds, keep=(chain,))
             tune_s = time.perf_counter() - t0
+            if not first:  # the op refuses these operands whatever the plan (e.g. 8-bit rows of K = 3000 bytes)
+                try:
+                    run(tuple(chain))
+                    why = "every plan raised"
+                except RuntimeError as e:
+                    why = str(e).splitlines()[0]
+                log(f"{pair} M={m} N={n} K={k}: skipped, no plan runs it ({why})")
+                continue
             tuned = gp.pick(first, chain)
             second = gp.time_candidates(run, plans, rounds=rounds, keep=(chain, tuned))
             records.append({"pair": pair, "layout": "nt", "m": m, "n": n, "k": k, "chain": list(chain),

@@ -25,6 +25,7 @@
 #include <cuda.h>
 
 #include "kernels/common/ptx/arch.cuh"
+#include "kernels/common/ptx/async_copy.cuh"
 #include "kernels/common/ptx/griddep.cuh"
 #include "kernels/common/ptx/mbarrier.cuh"
 #include "kernels/common/ptx/smem.cuh"
@@ -81,12 +82,20 @@ struct Sm90Recipe {
   // stores; the ring takes what is left of the 227 KB: 6 stages (kBN 128) or 4 (kBN 256).
   static constexpr int kEpilogueBytes = 2 * 64 * 256;
   static constexpr int kStages = (227 * 1024 - kEpilogueBytes - 2048) / kStageBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kEpilogueBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
+  // kBN 128: each consumer's per-row and per-column scales of a tile are copied into shared memory (cp.async) while
+  // its mainloop runs, so the epilogue reads them there instead of waiting on global loads; kBN 256's ring leaves no
+  // room for them (its epilogue loads them from global memory).
+  static constexpr bool kSmemFactors = kBN == 128;
+  static constexpr int kFactorFloats = kSmemFactors ? 64 + kBN : 0;  // a consumer's: 64 row scales, kBN column scales
+  static constexpr int kSmemBytes = kStages * kStageBytes + kEpilogueBytes + 1024 /* alignment slack */ +
+                                    2 * kStages * 8 + 2 * kFactorFloats * 4;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupM = 16;  // raster: 16 tiles of M walk N together (L2 reuse of a and b)
 };
 using Sm90RecipeN128 = Sm90Recipe<128>;
 using Sm90RecipeN256 = Sm90Recipe<256>;
+static_assert(Sm90RecipeN128::kSmemBytes <= 227 * 1024 && Sm90RecipeN256::kSmemBytes <= 227 * 1024,
+              "a recipe's shared memory must fit the sm_90 opt-in limit");
 
 // Tile t (batches outermost, then the grouped raster) -> (batch, tile row, tile column).
 struct Sm90Tile {
@@ -176,9 +185,12 @@ __device__ __forceinline__ int sm90_staged_unit(int r, int u) {
 // arithmetic: acc * a_scale * b_scale + 0). A tile wholly inside the output whose rows are 16-byte aligned is
 // copied out with no per-unit checks. Both keep branches out of the per-element code (ncu: the epilogue's
 // divergence barriers were its largest stall).
+// factors (R::kSmemFactors, !kUniform): this consumer's 64 row scales then kBN column scales, copied in by
+// sm90_load_factors during the mainloop (the caller waited for the copies and synchronized the warpgroup).
 template <class Out, bool kPartial, class R, bool kUniform, bool kTma, class Acc>
 __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90Unit& w, int cw,
-                                                const Acc (&acc)[R::kBN / 2], uint8_t* buf, const CUtensorMap* map_out) {
+                                                const Acc (&acc)[R::kBN / 2], uint8_t* buf, const CUtensorMap* map_out,
+                                                const float* factors = nullptr) {
   constexpr bool kRaw = kPartial || std::is_same<Out, int32_t>::value;
   constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kChunks = R::kBN / kChunkCols, kPerUnit = 16 / kE;
   const int tid = threadIdx.x % 128, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
@@ -210,6 +222,9 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
   if constexpr (!kRaw && kUniform) {
     sa[0] = sa[1] = p.a_scale ? p.a_scale[0] : 1.f;
     sb_all = p.b_scale ? p.b_scale[0] : 1.f;
+  } else if constexpr (!kRaw && R::kSmemFactors) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sa[h] = factors[16 * warp + g + 8 * h];
   } else if constexpr (!kRaw) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -242,7 +257,10 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
         for (int jj = 0; jj < kGroupJ; ++jj) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            csb[jj][e] = p.b_scale ? __ldcg(p.b_scale + column(jj, e) * step) : 1.f;
+            if constexpr (R::kSmemFactors)
+              csb[jj][e] = factors[64 + c * kChunkCols + 8 * (j0 + jj) + 2 * t + e];
+            else
+              csb[jj][e] = p.b_scale ? __ldcg(p.b_scale + column(jj, e) * step) : 1.f;
             cbias[jj][e] = 0.f;
           }
         }
@@ -385,23 +403,47 @@ __device__ __forceinline__ void sm90_promote_run(Acc (&acc)[R::kBN / 2], Acc (&c
   }
 }
 
+// Starts the copies of this consumer's 64 row scales and the tile's kBN column scales into `factors` (cp.async: they
+// land while the mainloop runs; the epilogue waits for them). A row past M or a column past N copies the last one
+// (never stored); a missing scale is 1.
+template <class R>
+__device__ __forceinline__ void sm90_load_factors(const GemmParams& p, const Sm90Unit& w, int cw, float* factors) {
+  const int tid = threadIdx.x % 128;
+  if (tid < 64) {
+    const int row = min(w.m_tile * R::kBM + cw * 64 + tid, p.m - 1);
+    if (p.a_scale)
+      cp_async4(factors + tid, p.a_scale + (p.a_scale_per_row ? row : 0));
+    else
+      factors[tid] = 1.f;
+  }
+#pragma unroll
+  for (int c = tid; c < R::kBN; c += 128) {
+    const int col = min(w.n_tile * R::kBN + c, p.n - 1);
+    if (p.b_scale)
+      cp_async4(factors + 64 + c, p.b_scale + (p.b_scale_per_col ? col : 0));
+    else
+      factors[64 + c] = 1.f;
+  }
+  cp_async_commit();
+}
+
 // The whole-tile store of a consumer's rows in the output's type (one branch a tile, not one an element).
 template <class R, bool kTma, class Acc>
 __device__ __forceinline__ void sm90_store_out(const GemmParams& p, const Sm90Unit& w, int cw,
                                                const Acc (&acc)[R::kBN / 2], uint8_t* buf, const CUtensorMap* map_out,
-                                               bool uniform) {
+                                               bool uniform, const float* factors) {
   switch (p.out_dtype) {
     case GemmOut::kBf16:
       uniform ? sm90_store_tile<__nv_bfloat16, false, R, true, kTma>(p, w, cw, acc, buf, map_out)
-              : sm90_store_tile<__nv_bfloat16, false, R, false, kTma>(p, w, cw, acc, buf, map_out);
+              : sm90_store_tile<__nv_bfloat16, false, R, false, kTma>(p, w, cw, acc, buf, map_out, factors);
       break;
     case GemmOut::kF16:
       uniform ? sm90_store_tile<__half, false, R, true, kTma>(p, w, cw, acc, buf, map_out)
-              : sm90_store_tile<__half, false, R, false, kTma>(p, w, cw, acc, buf, map_out);
+              : sm90_store_tile<__half, false, R, false, kTma>(p, w, cw, acc, buf, map_out, factors);
       break;
     case GemmOut::kF32:
       uniform ? sm90_store_tile<float, false, R, true, kTma>(p, w, cw, acc, buf, map_out)
-              : sm90_store_tile<float, false, R, false, kTma>(p, w, cw, acc, buf, map_out);
+              : sm90_store_tile<float, false, R, false, kTma>(p, w, cw, acc, buf, map_out, factors);
       break;
     default: sm90_store_tile<int32_t, false, R, true, kTma>(p, w, cw, acc, buf, map_out); break;
   }
@@ -425,6 +467,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   uint8_t* const epilogue_buf = smem + R::kStages * R::kStageBytes;  // 16 KB a consumer warpgroup
   uint64_t* const full = reinterpret_cast<uint64_t*>(epilogue_buf + R::kEpilogueBytes);
   uint64_t* const empty = full + R::kStages;
+  float* const factor_buf = reinterpret_cast<float*>(empty + R::kStages);  // R::kFactorFloats a consumer
   const int wg = threadIdx.x / 128;
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;
   const int tiles = tiles_m * tiles_n * p.batch;
@@ -480,10 +523,18 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     mbarrier_wait_sleep(&full[it_at % R::kStages], uint32_t(it_at / R::kStages) & 1u);
     return smem_addr(smem + (it_at % R::kStages) * R::kStageBytes);
   };
+  // Per-row / per-column scales (not one number a tensor): staged in shared memory where the recipe has room. A
+  // tile's last factor reads precede its epilogue's final warpgroup barrier, so the next tile's copies (issued past
+  // that barrier) never overwrite factors still being read.
+  const bool staged_factors = R::kSmemFactors && p.out_dtype != GemmOut::kS32 &&
+                              !((!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
+                                p.bias_dtype == GemmBias::kNone);
+  float* const factors = factor_buf + cw * R::kFactorFloats;
   int it = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Sm90Unit w = sm90_unit<R>(p, u, tiles_m, tiles_n, k_tiles);
     const int kt0 = w.kt0, kt1 = w.kt1;
+    if (staged_factors && !w.partial) sm90_load_factors<R>(p, w, cw, factors);
     if constexpr (P::kPromote) {
       // Two sets of stage sums, runs of kPromoteRun stages: a stage's wgmma run while the previous stage's sum is
       // added to acc, and the tensor cores drain once a run (ptxas serializes every wgmma if a group stays in flight
@@ -512,6 +563,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     }
     const bool partial = w.partial;
     if (kt1 <= kt0) {  // an empty K slice (split_k past the K tiles, or K = 0): zeros (its own path: no spills)
+      if (staged_factors) cp_async_wait<0>();  // this tile's copies, before the next tile's reuse the buffer
       for (int h = 0; h < 2; ++h) {
         const int lrow = cw * 64 + 16 * warp + g + 8 * h, row = w.m_tile * R::kBM + lrow;
         if (row >= p.m && !w.tail) continue;
@@ -539,11 +591,15 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
     const bool uniform = (!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
                          p.bias_dtype == GemmBias::kNone;
+    if (staged_factors && !partial) {
+      cp_async_wait<0>();
+      named_barrier_sync(1 + cw, 128);  // every thread's copies landed
+    }
     if (partial) {  // raw sums to the workspace, copied out by the threads: the last TMA store must be done with buf
       if (kTmaOut && threadIdx.x % 128 == 0) tma_store_wait<0>();
       sm90_store_tile<Acc, true, R, true, false>(p, w, cw, acc, buf, &map_out);
     } else {
-      sm90_store_out<R, kTmaOut>(p, w, cw, acc, buf, &map_out, uniform);
+      sm90_store_out<R, kTmaOut>(p, w, cw, acc, buf, &map_out, uniform, factors);
     }
   }
   if (kTmaOut && threadIdx.x % 128 == 0) tma_store_wait<0>();  // buf stays valid until the last store has read it
