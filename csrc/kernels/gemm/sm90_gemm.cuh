@@ -526,9 +526,9 @@ __global__ void __launch_bounds__(R::kThreads, 1)
   // Per-row / per-column scales (not one number a tensor): staged in shared memory where the recipe has room. A
   // tile's last factor reads precede its epilogue's final warpgroup barrier, so the next tile's copies (issued past
   // that barrier) never overwrite factors still being read.
-  const bool staged_factors = R::kSmemFactors && p.out_dtype != GemmOut::kS32 &&
-                              !((!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
-                                p.bias_dtype == GemmBias::kNone);
+  const bool uniform_call = (!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
+                            p.bias_dtype == GemmBias::kNone;
+  const bool staged_factors = R::kSmemFactors && !uniform_call && p.out_dtype != GemmOut::kS32;
   float* const factors = factor_buf + cw * R::kFactorFloats;
   int it = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
@@ -589,8 +589,11 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     if (!P::kPromote) release(it - 1);
 
     uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
-    const bool uniform = (!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
-                         p.bias_dtype == GemmBias::kNone;
+    // Recomputed a tile where the factors are not staged: kBN 256's kernels keep their former code (hoisted there,
+    // ptxas scheduled them differently); hoisted for kBN 128, which timed faster that way (docs/benchmarks.md).
+    const bool uniform = R::kSmemFactors ? uniform_call
+                                         : (!p.a_scale || !p.a_scale_per_row) && (!p.b_scale || !p.b_scale_per_col) &&
+                                               p.bias_dtype == GemmBias::kNone;
     if (staged_factors && !partial) {
       cp_async_wait<0>();
       named_barrier_sync(1 + cw, 128);  // every thread's copies landed
