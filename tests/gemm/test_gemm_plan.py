@@ -664,3 +664,17 @@ def test_sm90_rows_17_to_256_take_the_hopper_recipes(pair):
         assert ops.builtin_plan(m, n, k, pair, 132, sm90=True)[0] in (4, 5, 6), (m, n, k)
     assert ops.builtin_plan(32, 14336, 4096, pair, 132, sm90=True, batch_invariant=True)[0] == 4
     assert ops.builtin_plan(32, 14336, 4096, pair, 132)[0] == 1  # no sm_90a code: the portable plan
+
+
+def test_cheapest_plan_option_with_its_own_split_cost():
+    """An option whose eighth element is set (w8a16's weight stream: K slices summed inside the CTA) pays no split
+    cost; the others pay split_cost * M * N * s / 1e6 for s > 1."""
+    base = (2, 1.0, 0.0, 0.0, 1, 1, (1, 4))  # one unit, one CTA a SM: cost = 1.0 * ceil(64 / s)
+    plan, cost = ops._cheapest_plan(1000, 1000, 64, 132, [base], 100.0)
+    assert plan == (2, 1) and cost == 64  # split 4: 16 + 100 * 1e6 * 4 / 1e6
+    plan, cost = ops._cheapest_plan(1000, 1000, 64, 132, [base + ("in-CTA split",)], 100.0)
+    assert plan == (2, 4) and cost == 16
+    # w8a16's option appears only where the pair has constants, and only up to M = 256 beside recipes 7-9
+    assert ops._portable_option(32, 4096, 4096, "w16a16", 132) == []
+    (option,) = ops._portable_option(32, 4096, 4096, "w8a16", 132)
+    assert option[0] == 2 and option[-1] == "in-CTA split" and set(option[6]) <= set(ops.SM90_SMALL_SPLITS)
