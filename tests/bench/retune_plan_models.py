@@ -24,6 +24,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from astrai.extension import gemm_tune as gt  # noqa: E402
 from astrai.extension.ops import gemm, gemm_plan as gp  # noqa: E402
@@ -108,41 +110,23 @@ def retune(name, pair, band, train, rounds: int = 6) -> list:
     return values
 
 
-def _solve3(a, b) -> list:
-    """Gaussian elimination for a 3 x 3 system (no numpy in the CPU environment)."""
-    m = [row[:] + [v] for row, v in zip(a, b)]
-    for i in range(3):
-        p = max(range(i, 3), key=lambda r: abs(m[r][i]))
-        m[i], m[p] = m[p], m[i]
-        if abs(m[i][i]) < 1e-12:
-            return [0.0, 0.0, 0.0]
-        for r in range(3):
-            if r != i:
-                f = m[r][i] / m[i][i]
-                m[r] = [x - f * y for x, y in zip(m[r], m[i])]
-    return [m[i][3] / m[i][i] for i in range(3)]
-
-
 def seed_portable(cells, pair, band) -> tuple:
     """SM90_SMALL_PORTABLE_MODEL[pair]'s starting constants: least squares (relative error) of recipe 2's timed plans
     in `band` on the model's form, each clipped at 0."""
-    ata = [[0.0] * 3 for _ in range(3)]
-    atb = [0.0] * 3
+    rows = []
     for record, device, times, _ in cells:
         m, n, k = record["m"], record["n"], record["k"]
         if record["pair"] != pair or not band[0] <= m <= band[1]:
             continue
         k_tiles, units = gemm._k_tiles(k, pair), gemm._tiles(m, n, 2)
         for (recipe, split), us in times.items():
-            if recipe != 2:
-                continue
-            q = math.ceil(units * split / (device.num_sms * gemm.SM90_PORTABLE_FIT_CTAS))
-            x = [q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us]
-            for i in range(3):
-                atb[i] += x[i]
-                for j in range(3):
-                    ata[i][j] += x[i] * x[j]
-    return tuple(round(max(0.0, v), 3) for v in _solve3(ata, atb))
+            if recipe == 2:
+                q = math.ceil(units * split / (device.num_sms * gemm.SM90_PORTABLE_FIT_CTAS))
+                rows.append([q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us])
+    if not rows:
+        return (0.0, 0.0, 0.0)
+    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.ones(len(rows)), rcond=None)[0]
+    return tuple(round(max(0.0, float(v)), 3) for v in solution)
 
 
 def main(argv=None) -> int:
