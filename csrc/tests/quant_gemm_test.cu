@@ -586,7 +586,7 @@ std::vector<Case> shapes_for(int pair, int layout, int recipe) {
     v.push_back(shape(129, tn + 5, 2 * kt + kmin, 1));
     v.back().out_pad = 3;
   }
-  if (recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1) {
+  if (gemm_is_sm90_mainloop(recipe)) {
     // split_k 0, the last wave split along K: 16 tiles (all of them split, a broadcast a), then 136 tiles (one
     // wave of 132 whole, 4 split on an H100 / H200) with a padded output.
     v.push_back(shape(129, 3 * tn + 5, 40 * kt + kmin, 0));
@@ -628,7 +628,7 @@ std::vector<Case> stream_shapes(int pair) {
   return v;
 }
 
-// A rotation's recipe `r % kGemmRecipes`, or where this device or image cannot run it (the sm_90a recipes 4-9 off
+// A rotation's recipe `r % kGemmRecipes`, or where this device or image cannot run it (the sm_90a recipes 4-10 off
 // an H100 / H200, in layouts other than nt, for the pairs they do not run) the portable recipe r % 4, so the
 // rotation still runs.
 int rotated_recipe(int pi, int li, int r) {
@@ -671,10 +671,10 @@ std::vector<Case> make_cases(bool small) {
         c.epi = epilogues_of(kPairs[pi])[size_t(pi + recipe)];
         cases.push_back(c);
       }
-    // The last wave split (split_k 0) on recipes 4 (fp8) and 5 (bf16), skipped off an H100 / H200: 16 tiles, each
-    // in 2 K slices, a broadcast.
-    for (int pi : {0, 5}) {
-      const int recipe = pi == 0 ? kGemmFirstSm90Recipe + 1 : kGemmFirstSm90Recipe;
+    // The last wave split (split_k 0) on recipes 4 and 10 (fp8) and 5 (bf16), skipped off an H100 / H200: 16 tiles,
+    // each in 2 K slices, a broadcast.
+    for (const auto& [pi, recipe] : {std::pair<int, int>{0, kGemmFirstSm90Recipe + 1}, {5, kGemmFirstSm90Recipe},
+                                     {5, kGemmSm90Fp8WideRecipe}}) {
       const std::vector<Case> tail = shapes_for(pi, 0, recipe);
       Case c = tail[tail.size() - 2];
       c.k = 16 * gemm_k_tile(kPairs[pi].pair) + min_aligned_k(kPairs[pi]);
@@ -756,7 +756,7 @@ std::vector<Case> make_cases(bool small) {
 }
 
 // What the launcher promises beside the launch: tiles for every recipe id and none past them, a reason for an
-// unknown recipe, cudaErrorInvalidValue (no launch) for one or for split_k 0 off recipes 4 and 5, and no workspace
+// unknown recipe, cudaErrorInvalidValue (no launch) for one or for split_k 0 off recipes 4, 5 and 10, and no workspace
 // without a split.
 bool check_launcher_contract() {
   bool ok = gemm_recipe_tile_m(kGemmRecipes) == 0 && gemm_recipe_tile_n(-1) == 0;
@@ -773,7 +773,7 @@ bool check_launcher_contract() {
     p.out_dtype = pi.group == Group::kW8A8 ? GemmOut::kS32 : GemmOut::kF32;
     ok = ok && gemm_workspace_bytes(p, pi.pair, 0) == 0;
     ok = ok && gemm_launch(p, pi.pair, kGemmRecipes, nullptr) == cudaErrorInvalidValue;
-    p.split_k = 0;  // the last wave split: recipes 4 and 5 only; nothing to split in one tile
+    p.split_k = 0;  // the last wave split: recipes 4, 5 and 10 only; nothing to split in one tile
     ok = ok && gemm_launch(p, pi.pair, 0, nullptr) == cudaErrorInvalidValue &&
          gemm_workspace_bytes(p, pi.pair, kGemmFirstSm90Recipe) == 0;
     p.split_k = 3;

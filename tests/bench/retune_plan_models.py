@@ -10,7 +10,10 @@ improve too, and, for a model that also serves larger M (SM90_W8A16_MODEL), only
 twenty-seventh session kept SM90_MID_MODEL's; docs/benchmarks.md).
 
 With --portable it fits SM90_SMALL_PORTABLE_MODEL instead (recipe 2 in the small bands): a least-squares seed on
-recipe 2's timed plans, then the same search (the thirty-seventh session's w8a16 constants came from it).
+recipe 2's timed plans, then the same search (the thirty-seventh session's w8a16 constants came from it). With
+--wide PAIR it fits the constants of PAIR's wide tile (`SM90_WIDE_RECIPE`, the second recipe of SM90_SMALL_MODEL,
+SM90_MID_MODEL and SM90_MODEL) the same way: a least-squares seed on that recipe's unsplit timed plans, then the
+search over every constant of the three models (fp8's recipe 10 came from it).
 
     PYTHONPATH=. python tests/bench/retune_plan_models.py \\
         --train docs/results/2026-12-04_h200_gemm_sweep_train.json docs/results/2026-12-04_h200_gemm_sweep_train_small.json \\
@@ -129,6 +132,24 @@ def seed_portable(cells, pair, band) -> tuple:
     return tuple(round(max(0.0, float(v)), 3) for v in solution)
 
 
+def seed_wide(cells, pair, band, fixed: bool) -> tuple:
+    """The wide recipe's (stage, unit[, fixed]) for a model of `band`: least squares (relative error) of its unsplit
+    timed plans on q * (stage * k_tiles + unit) (+ fixed), each clipped at 0."""
+    recipe = gemm.SM90_WIDE_RECIPE[pair]
+    rows = []
+    for record, device, times, _ in cells:
+        m, n, k = record["m"], record["n"], record["k"]
+        us = times.get((recipe, 1))
+        if record["pair"] != pair or not band[0] <= m <= band[1] or us is None:
+            continue
+        q = math.ceil(gemm._tiles(m, n, recipe) / device.num_sms)
+        rows.append([q * gemm._k_tiles(k, pair) / us, q / us] + ([1.0 / us] if fixed else []))
+    if not rows:
+        return (0.0, 0.0, 0.0) if fixed else (0.0, 0.0)
+    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.ones(len(rows)), rcond=None)[0]
+    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", nargs="+", required=True)
@@ -136,9 +157,24 @@ def main(argv=None) -> int:
     parser.add_argument("--portable", action="store_true",
                         help="fit SM90_SMALL_PORTABLE_MODEL (recipe 2 in the small bands) from a least-squares seed, "
                              "each pair with the other constants as installed")
+    parser.add_argument("--wide", metavar="PAIR",
+                        help="fit PAIR's wide-tile constants (SM90_WIDE_RECIPE) in the three Hopper mainloop models "
+                             "from a least-squares seed, keeping the result")
     args = parser.parse_args(argv)
     train, holdout = load(args.train), load(args.holdout)
     targets = TARGETS
+    if args.wide:
+        pair = args.wide
+        targets = [("SM90_SMALL_MODEL", pair, (17, 64)), ("SM90_MID_MODEL", pair, (65, 256)),
+                   ("SM90_MODEL", pair, (257, 1 << 30))]
+        for name, _, band in targets:
+            values = _get(name, pair)
+            if name == "SM90_MODEL":
+                values[2:4] = seed_wide(train, pair, band, fixed=False)
+            else:
+                values[3:6] = seed_wide(train, pair, band, fixed=True)
+            _put(name, pair, values)
+            print(f"{name}[{pair!r}] seed {tuple(values)}")
     if args.portable:
         targets = [("SM90_SMALL_PORTABLE_MODEL", p, (17, 256)) for p in ("w16a16", "w8a8", "fp8", "w8a16")]
         for _, pair, band in targets:
@@ -154,6 +190,8 @@ def main(argv=None) -> int:
             gemm.SM90_SMALL_PORTABLE_MODEL.pop(pair)
             before = summary(ratios(train, pair, band)), summary(ratios(holdout, pair, band))
             print(f"  without recipe 2: train {before[0]}, holdout {before[1]}")
+            continue
+        if args.wide:  # the bands are separate: each keeps its fit for the next one's judgement
             continue
         _put(name, pair, original)  # each target judged alone, against the constants as installed
     return 0

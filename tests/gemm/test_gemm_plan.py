@@ -158,21 +158,22 @@ def test_plan_fits_the_rules():
 SM90_PLAN_TABLE = {
     (128, 4096, 4096, "w16a16"): (4, 4),    # 32 tiles: a split of 4 fills 128 SMs
     (4096, 4096, 4096, "w16a16"): (5, 1),   # 512 units of 128 x 256: 4 a SM
-    (4096, 4096, 4096, "fp8"): (4, 1),      # fp8 has recipe 4 only
+    (4096, 4096, 4096, "fp8"): (4, 1),      # fp8's wide tile is recipe 10 (128 x 192): 704 tiles, priced higher
     (4096, 7168, 16384, "w8a8"): (5, 1),
     (256, 2112, 7168, "w8a8"): (4, 0),      # 34 tiles, each in 3 K slices (split 2: 2.5 µs more by the model)
     (1024, 24576, 1536, "w16a16"): (5, 1),
     (1024, 2112, 7168, "w16a16"): (4, 0),   # 136 tiles: 132 whole, the last 4 in 14 K slices (split 1: 2 waves)
-    (4096, 2112, 7168, "fp8"): (4, 0),      # 544 tiles: 528 whole, 16 in 7 slices
+    (4096, 2112, 7168, "fp8"): (10, 1),     # 352 tiles of 128 x 192 (2.7 waves) beat 544 of recipe 4 split or not
+    (4096, 2112, 7168, "w8a8"): (4, 0),     # 544 tiles: 528 whole, 16 in 7 slices
     (4096, 14336, 4096, "w16a16"): (5, 1),  # 1792 tiles: 13.6 waves, the last one's split not worth its partials
 }
 
 
 def _sm90_cost(m, n, k, pair, recipe, split, sms=132):
-    stage_4, unit_4, stage_5, unit_5, split_cost = ops.SM90_MODEL[pair]
-    stage, unit = (stage_4, unit_4) if recipe == 4 else (stage_5, unit_5)
+    stage_4, unit_4, stage_w, unit_w, split_cost = ops.SM90_MODEL[pair]
+    stage, unit = (stage_4, unit_4) if recipe == 4 else (stage_w, unit_w)
     k_tiles = -(-k // (64 if pair == "w16a16" else 128))
-    tile_n = 128 if recipe == 4 else 256
+    tile_n = {4: 128, 5: 256, 10: 192}[recipe]
     tiles = -(-m // 128) * -(-n // tile_n)
     if split == 0:  # the last wave split, restated: whole waves, then one wave of the rest's K slices
         rest = tiles % sms
@@ -190,7 +191,8 @@ def _sm90_cost(m, n, k, pair, recipe, split, sms=132):
 @pytest.mark.parametrize("case", list(SM90_PLAN_TABLE), ids=str)
 def test_sm90_plan_table(case):
     m, n, k, pair = case
-    recipes = (4,) if pair == "fp8" else (4, 5)
+    wide = ops.SM90_WIDE_RECIPE[pair]
+    recipes = (4,) if ops.SM90_MODEL[pair][2] is None else (4, wide)
     costs = {(r, s): _sm90_cost(m, n, k, pair, r, s) for r in recipes for s in (1, 2, 4, 8)
              if s == 1 or k // s >= 1024}
     best = min(costs, key=costs.get)
@@ -222,11 +224,11 @@ def test_tail_split_geometry():
 
 
 def test_sm90_plan_scope():
-    """The Hopper recipes serve layout "nt": 4 / 5 at M > SM90_MIN_M for every pair but w8a16, 4 / 5 / 6 at
-    SM90_SMALL_M < M <= SM90_MIN_M (SM90_SMALL_MODEL), 6 (the weight stream) at the M of SM90_STREAM_BANDS (w8a16:
-    M <= 8 at N >= 7168 or N * K >= 20e6), 7 / 8 / 9 (or the weight stream) for w8a16 at M > SMALL_M; elsewhere (other layouts, M = 9-16,
-    w8a16 at M <= 16 with smaller weights) the plan is the portable one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16
-    recipe 2."""
+    """The Hopper recipes serve layout "nt": 4 / 5 (fp8: 4 / 10) at M > SM90_MIN_M for every pair but w8a16, 4 / 5 / 6
+    (fp8: 4 / 10 / 6) at SM90_SMALL_M < M <= SM90_MIN_M (SM90_SMALL_MODEL), 6 (the weight stream) at the M of
+    SM90_STREAM_BANDS (w8a16: M <= 8 at N >= 7168 or N * K >= 20e6), 7 / 8 / 9 (or the weight stream) for w8a16 at
+    M > SMALL_M; elsewhere (other layouts, M = 9-16, w8a16 at M <= 16 with smaller weights) the plan is the portable
+    one. Batch-invariant: recipe 4 at every M, split from (N, K); w8a16 recipe 2."""
     for pair in ("w16a16", "w8a8", "fp8", "w8a16"):
         stream_m = {"w16a16": (1, 8), "w8a8": (1, 8), "fp8": (1, 8)}.get(pair, ())  # test_sm90_stream_plan
         for m in (1, 8, 9, 16, 17, 32, 33, 64):
@@ -236,7 +238,7 @@ def test_sm90_plan_scope():
             elif pair == "w8a16" and m > ops.SMALL_M:
                 assert plan[0] in ops.SM90_W8A16_RECIPES + (2,)  # 2: the weight stream where its model says
             elif m > ops.SM90_SMALL_M:
-                assert plan[0] in (4, 5, 6) and not (pair == "fp8" and plan[0] == 5)
+                assert plan[0] in (4, ops.SM90_WIDE_RECIPE[pair], 6)
             else:
                 assert plan == ops.builtin_plan(m, 4096, 4096, pair, 132)
             assert ops.builtin_plan(m, 4096, 4096, pair, 132, sm90=True, layout="nn") == \
@@ -460,8 +462,10 @@ def test_data():
     assert {r.name: (r.tile_m, r.tile_n) for r in ops.RECIPES.values()} == {
         "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64),
         "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256), "sm90_stream": (16, 64),
-        "sm90_w8a16": (128, 128), "sm90_w8a16_wide": (256, 128), "sm90_w8a16_narrow": (64, 128)}
-    assert ops.SM90_RECIPES == (4, 5)
+        "sm90_w8a16": (128, 128), "sm90_w8a16_wide": (256, 128), "sm90_w8a16_narrow": (64, 128),
+        "sm90_m128n192": (128, 192)}
+    assert ops.SM90_RECIPES == (4, 5, 10)
+    assert ops.SM90_WIDE_RECIPE == {"w16a16": 5, "w8a8": 5, "fp8": 10}
     assert ops.SM90_W8A16_RECIPES == (7, 8, 9)
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
@@ -605,7 +609,7 @@ def _bad_calls():
         ("int32_scaled", t(4, 64, dtype=s8), t(8, 64, dtype=s8), rows, one, None, torch.int32, 0, 0, 1,
          r"out_dtype int32 returns the raw int32 accumulators"),
         ("out_dtype", t(4, 64), t(8, 64), None, None, None, torch.int32, 0, 0, 1, r"out_dtype must be bfloat16"),
-        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 10, 1, r"recipe must be in \[0, "),
+        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 11, 1, r"recipe must be in \[0, 11\), got 11"),
         ("split_k", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 0, r"split_k must be in \[1, 64\], got 0"),
         ("cpu", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 1, r"a must be a CUDA tensor, got cpu"),
     ]
@@ -640,7 +644,7 @@ def test_sm90_few_tiles_above_the_mid_band_may_take_the_weight_stream(pair):
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True) == (6, 1)
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True, batch_invariant=True)[0] == 4
     assert ops.builtin_plan(4096, 4096, 4096, pair, 132, sm90=True)[0] in (4, 5)
-    assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9)  # no sm_90a code: portable
+    assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9, 10)  # no sm_90a code: portable
 
 
 @pytest.mark.parametrize("pair,m,n,k", [("w16a16", 160, 3072, 1024), ("fp8", 150, 3328, 1664)])
@@ -656,12 +660,13 @@ def test_sm90_mid_band_halves_short_k(pair, m, n, k):
 
 @pytest.mark.parametrize("pair", ["w16a16", "w8a8", "fp8"])
 def test_sm90_rows_17_to_256_take_the_hopper_recipes(pair):
-    """Past M = 16 (and the weight stream's own bands) a device with sm_90a code plans only Hopper recipes (4, 5, 6) for
-    these pairs, wide weights at 28 <= M <= 48 included: the portable recipe 1 once planned there (from H200 sweeps of
-    older kernels) was 1.02-1.44x slower than the best plan on 9 of the 11 such cells of holdout6 on an H100."""
+    """Past M = 16 (and the weight stream's own bands) a device with sm_90a code plans only Hopper recipes (4, 5 or
+    fp8's 10, 6) for these pairs, wide weights at 28 <= M <= 48 included: the portable recipe 1 once planned there
+    (from H200 sweeps of older kernels) was 1.02-1.44x slower than the best plan on 9 of the 11 such cells of holdout6
+    on an H100."""
     for m, n, k in ((32, 14336, 4096), (32, 4096, 14336), (48, 8192, 8192), (29, 7936, 5120), (42, 18432, 2048),
                     (64, 14336, 4096), (100, 5120, 1040), (256, 4096, 4096)):
-        assert ops.builtin_plan(m, n, k, pair, 132, sm90=True)[0] in (4, 5, 6), (m, n, k)
+        assert ops.builtin_plan(m, n, k, pair, 132, sm90=True)[0] in (4, ops.SM90_WIDE_RECIPE[pair], 6), (m, n, k)
     assert ops.builtin_plan(32, 14336, 4096, pair, 132, sm90=True, batch_invariant=True)[0] == 4
     assert ops.builtin_plan(32, 14336, 4096, pair, 132)[0] == 1  # no sm_90a code: the portable plan
 

@@ -128,7 +128,8 @@ def test_first_matching_row_wins_and_injected_rows_stack():
     ("* * * * * * 12 1", "recipe 12 does not exist in this image"),
     ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)"),
     ("* * * * * * 6 1", "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)"),
-    ("* * * * * * 0 0", "split_k must be in [1, 64], got 0 (0, the last wave split along K, is for recipes 4 and 5)"),
+    ("* * * * * * 0 0",
+     "split_k must be in [1, 64], got 0 (0, the last wave split along K, is for recipes 4, 5 and 10)"),
     ("* w16a16 * * * * 7 1", "recipes 7-9 run w8a16 only"),
     ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only"),
 ])
@@ -585,7 +586,7 @@ def test_info_survives_a_bad_seed_file(monkeypatch, tmp_path):
      "M = 8388481 needs more than 65535 tiles of 128 rows for recipe 0: split the call along M (at most 8388480 rows "
      "a call with this recipe)"),
     ((BF16, BF16, 0, 0, 2, 64, 64, 40000, 80, False, 80), "batch * split_k must be <= 65535, got 40000 * 2"),
-    ((BF16, BF16, 0, 10, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 10), got 10"),
+    ((BF16, BF16, 0, 11, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 11), got 11"),
     ((BF16, BF16, 7, 0, 1, 64, 64, 1, 80, False, 80), "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got 7"),
     ((torch.float32, BF16, 0, 0, 1, 64, 64, 1, 80, False, 80), "(a, b) dtypes must be one of "),
 ])

@@ -80,7 +80,7 @@ RECIPES = {
     # The Hopper mainloop (csrc/kernels/gemm/sm90_gemm.cuh): wgmma + TMA, persistent, warp-specialized; layout "nt",
     # every pair but w8a16, on a compute capability 9.0 GPU with sm_90a code in the image (`sm90_available`).
     4: Recipe("sm90_m128n128", 128, 128),
-    5: Recipe("sm90_m128n256", 128, 256),  # not for fp8 (its promoted accumulators do not fit)
+    5: Recipe("sm90_m128n256", 128, 256),  # not for fp8 (its promoted accumulators do not fit): fp8 has 10
     # The Hopper weight stream (csrc/kernels/gemm/sm90_stream.cuh): blocks of 16 token rows x 64 weight rows, TMA
     # into a shared-memory ring, mma.sync; layout "nt", every pair, same devices as 4 and 5; split_k <= 8 (its K
     # slices are one cluster of CTAs, summed in rank order inside it: no workspace).
@@ -91,9 +91,16 @@ RECIPES = {
     7: Recipe("sm90_w8a16", 128, 128),
     8: Recipe("sm90_w8a16_wide", 256, 128),
     9: Recipe("sm90_w8a16_narrow", 64, 128),  # M <= 64: m64n64 wgmma, no work on rows past M
+    # 10: the Hopper mainloop's 128 x 192 tile, fp8 only (its widest whose promoted accumulators fit: one set of stage
+    # sums beside them, so a warpgroup's additions wait for its stage's wgmma; the other warpgroup's keep the tensor
+    # cores busy).
+    10: Recipe("sm90_m128n192", 128, 192),
 }
-SM90_RECIPES = (4, 5)  # the wgmma mainloop
-# split_k = TAIL_SPLIT on recipes 4 and 5, "the last wave split": the tiles of whole waves run whole, each tile past
+SM90_RECIPES = (4, 5, 10)  # the wgmma mainloop
+# The wide tile a pair's Hopper models price beside recipe 4 (their second recipe's constants): 128 x 256, or 128 x
+# 192 for fp8.
+SM90_WIDE_RECIPE = {"w16a16": 5, "w8a8": 5, "fp8": 10}
+# split_k = TAIL_SPLIT on recipes 4, 5 and 10, "the last wave split": the tiles of whole waves run whole, each tile past
 # them as up to TAIL_MAX_SPLIT K slices of >= TAIL_MIN_K_TILES K tiles, so the last wave fills the GPU (a second
 # kernel sums the slices in order). The kernel plans it for the device's SM count (`tail_split`).
 TAIL_SPLIT = 0
@@ -136,13 +143,17 @@ STREAM_MAX_WARPS_K = 24
 STREAM_WARPS_PER_SM = 32
 STREAM_WARPS_PER_SM_16 = 24
 STREAM_MIN_K_PER_SPLIT = 256
-# The Hopper mainloop (recipes 4 and 5, `sm90_available`): at M > SM90_MIN_M the (recipe, split) of least estimated
+# The Hopper mainloop (recipes 4, 5 and 10, `sm90_available`): at M > SM90_MIN_M the (recipe, split) of least estimated
 # time over SM90_SPLITS (each keeping >= MIN_K_PER_SPLIT of K), in microseconds on the persistent grid:
 #   q * (stage_r * ceil(k_tiles / s) + unit_r) + split_cost * M * N * s / 1e6  (the last term only for s > 1),
 # q = ceil(units * s / num_sms) the units of the busiest SM, k_tiles = ceil(K / K tile) (64 16-bit or 128 8-bit
-# values). SM90_MODEL[pair] = (stage_4, unit_4, stage_5, unit_5, split_cost): least-squares fit (relative error) to
-# the twenty-second session's training sweep (`gemm_tune sweep --grid train`: every plan of 4 and 5 at M 128-8192
-# and the nine (N, K), operands out of L2; docs/benchmarks.md). fp8 has recipe 4 only. The last wave split
+# values). SM90_MODEL[pair] = (stage_4, unit_4, stage_w, unit_w, split_cost), w the pair's wide tile
+# (SM90_WIDE_RECIPE: 5, fp8 10): least-squares fit (relative error) to the twenty-second session's training sweep
+# (`gemm_tune sweep --grid train`: every plan of 4 and 5 at M 128-8192 and the nine (N, K), operands out of L2;
+# docs/benchmarks.md). fp8's three models (this, SM90_SMALL_MODEL's and SM90_MID_MODEL's) were re-fitted when recipe
+# 10 came (thirty-eighth session, `retune_plan_models.py --wide fp8` on H100 fp8 sweeps of train and train_small with
+# it): fp8 regret on holdouts 7 and 8 (timed in the same call, not used to fit) 2.65% -> 1.94%, at M > 256 2.37% ->
+# 0.44%, against the chain without recipe 10 on the same sweeps. The last wave split
 # (split_k = TAIL_SPLIT) competes too, priced as its whole waves, one wave of slices and split_cost per element of the
 # slices' partials (`_least_cost_plan`), taken only where strictly cheaper. A batch-invariant plan is recipe 4 with the split of one row of tiles (both from (N, K)
 # alone), never the last wave split (which tiles split depends on M).
@@ -196,7 +207,7 @@ SM90_SMALL_SPLITS = (1, 2, 4, 8, 16)
 SM90_SMALL_SPLIT2_MIN_K = 512
 SM90_SMALL_MODEL = {"w16a16": (0.347, 5.127, 4.85, 0.575, 3.043, 9.364, 0.233, 7.506, 0.0, 5.813),
                     "w8a8": (0.188, 6.28, 8.503, 1.316, 4.214, 8.019, 0.239, 9.159, 0.0, 2.014),
-                    "fp8": (0.381, 1.842, 10.204, None, None, None, 0.288, 9.181, 0.0, 3.16)}
+                    "fp8": (0.324, 1.842, 10.204, 0.464, 6.028, 6.028, 0.288, 9.181, 0.0, 3.16)}
 # SM90_MID_MODEL was then re-tuned for the choice it makes (twenty-seventh session, offline):
 # coordinate search on each constant minimizing the geomean regret of the chosen plan (plus half the excess over 10%)
 # on the two training sweeps, kept only where the four holdout sweeps' regret fell too (M 65-256: w16a16 holdouts 4.18%
@@ -208,7 +219,7 @@ SM90_SMALL_MODEL = {"w16a16": (0.347, 5.127, 4.85, 0.575, 3.043, 9.364, 0.233, 7
 # worst cell 1.25x -> 1.17x. The other pairs' re-tunes did not lower holdout7's regret and were not kept.
 SM90_MID_MODEL = {"w16a16": (0.319, 2.657, 6.676, 0.541, 10.437, 3.356, 0.243, 6.508, 0.348, 1.175),
                   "w8a8": (0.167, 5.375, 5.17, 0.657, 10.883, 3.792, 0.26, 5.476, 1.145, 2.0),
-                  "fp8": (0.171, 3.073, 8.441, None, None, None, 0.315, 4.904, 2.33, 0.369)}
+                  "fp8": (0.086, 2.151, 8.441, 0.229, 5.161, 6.684, 0.315, 4.904, 2.33, 0.395)}
 # Hopper w8a16 (recipes 7, 8 and 9, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
 # estimated time, q * (stage_r * ceil(k_tiles / s) + unit_r) + fixed_r + split_cost * M * N * s / 1e6 on their
 # one-tile-a-CTA grid (q = ceil(tiles * s / num_sms) waves, k_tiles of 128 values), splits 1, 2, 4, 8 each keeping >=
@@ -243,10 +254,10 @@ SM90_STREAM_MIN_K_TILES = 8
 # changed only the three M = 300, N = K = 960 cells of holdout4 (1.48-1.90x of the best -> the best); the fifth holdout,
 # swept after the rule was set, judges it (docs/benchmarks.md).
 SM90_FEW_TILES = 0.5
-SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.419, 4.322, None, None, 1.618),
+SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161, 0.56, 3.015, 1.618),
               "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
-# never picks recipes 4-9 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.
+# never picks recipes 4-10 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = gemm_plan.PORTABLE_KNOB
 
 
@@ -405,7 +416,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     plan in layout "nt" is recipe 2 at every M, split as for `M = SMALL_M` (slower than the mainloop from M ~ 64
     on: it reads the weights once per 16 rows; the op refuses it past M = 1,048,560, 65535 blocks of 16 rows).
 
-    `sm90=True` (the device runs recipes 4-9: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
+    `sm90=True` (the device runs recipes 4-10: `sm90_available`): in layout "nt", w16a16 and w8a8 at `M <= 8`
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` or `N * K >= 20e6`
     (`SM90_STREAM_W8A16_*`, split by the same rule); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
@@ -528,12 +539,12 @@ def _cheapest_plan(m: int, n: int, k_tiles: int, num_sms: int, options,
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[int, int]:
-    """SM90_SMALL_M < M <= SM90_MID_MAX_M: recipes 4, 5 and 6 by SM90_SMALL_MODEL (M <= SM90_MIN_M) or SM90_MID_MODEL
-    (fp8: no recipe 5)."""
+    """SM90_SMALL_M < M <= SM90_MID_MAX_M: recipes 4, 5 (fp8: 10, SM90_WIDE_RECIPE) and 6 by SM90_SMALL_MODEL
+    (M <= SM90_MIN_M) or SM90_MID_MODEL."""
     *costs, split_cost = (SM90_SMALL_MODEL if m <= SM90_MIN_M else SM90_MID_MODEL)[pair]
     k_tiles = _k_tiles(k, pair)
     options = []
-    for recipe, (stage, unit, fixed) in zip((4, 5, 6), (costs[0:3], costs[3:6], costs[6:9])):
+    for recipe, (stage, unit, fixed) in zip((4, SM90_WIDE_RECIPE[pair], 6), (costs[0:3], costs[3:6], costs[6:9])):
         if stage is None:
             continue
         if recipe == SM90_STREAM_RECIPE:
@@ -576,11 +587,11 @@ def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int, tail: bool = True) -> tuple[int, int]:
-    """The Hopper mainloop's (recipe, split): recipes 4 and 5 by SM90_MODEL[pair] (fp8: 4 only), with the last wave
-    split (TAIL_SPLIT) where the model prices it lower (`tail=False`: never)."""
-    stage_4, unit_4, stage_5, unit_5, split_cost = SM90_MODEL[pair]
-    return _least_cost_plan(m, n, k, pair, num_sms, ((4, stage_4, unit_4), (5, stage_5, unit_5)), split_cost,
-                            tail=tail)
+    """The Hopper mainloop's (recipe, split): recipe 4 and the pair's wide tile (SM90_WIDE_RECIPE: 5, fp8 10) by
+    SM90_MODEL[pair], with the last wave split (TAIL_SPLIT) where the model prices it lower (`tail=False`: never)."""
+    stage_4, unit_4, stage_w, unit_w, split_cost = SM90_MODEL[pair]
+    return _least_cost_plan(m, n, k, pair, num_sms, ((4, stage_4, unit_4), (SM90_WIDE_RECIPE[pair], stage_w, unit_w)),
+                            split_cost, tail=tail)
 
 
 @functools.lru_cache(maxsize=None)
@@ -592,7 +603,7 @@ def _sm90_code_cached(index: int) -> bool:
 
 
 def sm90_code_in_image(index: int) -> bool:
-    """Whether the CUDA device `index` can run recipes 4-9: compute capability 9.0 and sm_90a code in the loaded
+    """Whether the CUDA device `index` can run recipes 4-10: compute capability 9.0 and sm_90a code in the loaded
     image (not a PTX-only image such as ASTRAI_IMAGE=ptx80). Queried once per device index and process."""
     return _sm90_code_cached(index)
 
@@ -638,7 +649,7 @@ def _sm90_available(index: int) -> bool:
 
 
 def sm90_available(device: torch.device) -> bool:
-    """Whether the plan chain may pick recipes 4-9 on this CUDA device: `sm90_code_in_image`, and TMA staging on
+    """Whether the plan chain may pick recipes 4-10 on this CUDA device: `sm90_code_in_image`, and TMA staging on
     (`gemm_plan.set_staging(tma=...)`, seeded off by ASTRAI_GEMM_PORTABLE=1)."""
     return _sm90_available(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -722,7 +733,7 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     plan : (int, int), optional
         `(recipe, split_k)` to launch; default the plan chain's (`gemm_plan`: rows, tuned plans, the model
         `builtin_plan(M, N, K, pair, num_sms, batch_invariant=...)`, the degraded ladder).
-        `split_k` 0 on recipes 4 and 5: the last wave split (`TAIL_SPLIT`, docs/contracts.md).
+        `split_k` 0 on recipes 4, 5 and 10: the last wave split (`TAIL_SPLIT`, docs/contracts.md).
     batch_invariant : bool
         Use the built-in plan that does not depend on M (ignored with `plan`).
 

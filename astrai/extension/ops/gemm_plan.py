@@ -136,11 +136,12 @@ _RECIPE_FACTS = {
     7: ("sm90 w8a16 wgmma + TMA", 197 * 1024, True),
     8: ("sm90 w8a16 wgmma + TMA", 202 * 1024, True),
     9: ("sm90 w8a16 wgmma + TMA", 197 * 1024, True),
+    10: ("sm90 wgmma + TMA", 227 * 1024, True),
 }
 def _recipe_splits(recipe: int) -> tuple:
     if recipe == 6:
         return tuple(range(1, SM90_STREAM_MAX_SPLIT + 1))
-    return ((TAIL_SPLIT,) if recipe in (4, 5) else ()) + (f"1-{MAX_SPLIT_K}",)
+    return ((TAIL_SPLIT,) if recipe in _gemm().SM90_RECIPES else ()) + (f"1-{MAX_SPLIT_K}",)
 
 
 @functools.lru_cache(maxsize=1)
@@ -190,7 +191,7 @@ class Facts(NamedTuple):
     cc: tuple          # (major, minor)
     num_sms: int
     smem_optin: int    # bytes of dynamic shared memory a CTA may opt in to
-    sm90_code: bool    # the image holds sm_90a code for it (recipes 4-9 can run)
+    sm90_code: bool    # the image holds sm_90a code for it (recipes 4-10 can run)
     driver: str
     image_sha256: str  # the gemm library's sha256 ("" where none is loaded)
     fp8_code_arch: int | None = None  # the arch of the image's fp8 code on it (None: its own, as with SASS for it)
@@ -578,7 +579,7 @@ def set_log(on: bool = True) -> None:
 
 
 def set_staging(*, tma: bool | None = None, mx: bool | None = None, pdl: bool | None = None) -> None:
-    """Staging switches: `tma=False` drops the recipes that stage operands by TMA (4-9: the portable kernels
+    """Staging switches: `tma=False` drops the recipes that stage operands by TMA (4-10: the portable kernels
     on a Hopper GPU); `mx=False` drops the block-scale (mx) fp8 cell, which is sm_120's only fp8 kernel (fp8
     calls there then raise); `pdl=False` launches every GEMM kernel plainly instead of as a programmatic dependent
     of the stream's previous kernel (same bits; for comparison). None leaves a switch as it is."""
@@ -974,7 +975,7 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
     rows, cols = (call.n, call.m) if swapped else (call.m, call.n)
     for info in tile_vocabulary():
         tiles = math.ceil(max(rows, 1) / info.tile_m) * math.ceil(max(cols, 1) / info.tile_n) * (call.batch or 1)
-        for split in ((TAIL_SPLIT,) if info.id in (4, 5) else ()) + TUNE_SPLITS:
+        for split in ((TAIL_SPLIT,) if info.id in gemm.SM90_RECIPES else ()) + TUNE_SPLITS:
             if split > 1 and math.ceil(call.k / k_tile) < split:
                 continue
             if split > 1 and tiles * (split // 2) >= 4 * device.num_sms:

@@ -13,13 +13,19 @@ namespace astrai {
 // Tile recipes by the id the planner passes (docs/contracts.md, GEMM ops): 0-3 the portable mma.sync mainloop, 4
 // and 5 the Hopper wgmma + TMA mainloop (sm_90 GPUs with sm_90a code in the image, layout nt, every pair but w8a16),
 // 6 the Hopper weight stream (same devices and layout, every pair; small M), 7, 8 and 9 Hopper w8a16 on wgmma (same
-// devices and layout, w8a16 only; 128 weight rows x 128, 256 or 64 tokens).
-constexpr int kGemmRecipes = 10;
+// devices and layout, w8a16 only; 128 weight rows x 128, 256 or 64 tokens), 10 the Hopper mainloop's 128 x 192 tile
+// (same devices and layout, fp8 only: its widest tile whose promoted accumulators fit).
+constexpr int kGemmRecipes = 11;
 constexpr int kGemmFirstSm90Recipe = 4;
 constexpr int kGemmSm90StreamRecipe = 6;
 constexpr int kGemmSm90W8a16Recipe = 7;
 constexpr int kGemmSm90W8a16WideRecipe = 8;
 constexpr int kGemmSm90W8a16NarrowRecipe = 9;
+constexpr int kGemmSm90Fp8WideRecipe = 10;
+// The Hopper mainloop (sm90_gemm.cuh): 128 x 128, 128 x 256 and (fp8) 128 x 192 tiles; split_k 0 runs on these.
+constexpr bool gemm_is_sm90_mainloop(int recipe) {
+  return recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1 || recipe == kGemmSm90Fp8WideRecipe;
+}
 constexpr bool gemm_is_sm90_w8a16(int recipe) {
   return recipe == kGemmSm90W8a16Recipe || recipe == kGemmSm90W8a16WideRecipe || recipe == kGemmSm90W8a16NarrowRecipe;
 }
@@ -31,14 +37,14 @@ int gemm_recipe_tile_m(int recipe);
 int gemm_recipe_tile_n(int recipe);
 int gemm_k_tile(GemmPair pair);
 
-// The op's limits on a plan: split_k (0 only on recipes 4 and 5) and the grid's y / z extents.
+// The op's limits on a plan: split_k (0 only on recipes 4, 5 and 10) and the grid's y / z extents.
 constexpr int64_t kGemmMaxSplitK = 64;
 constexpr int64_t kGemmMaxGridYZ = 65535;
 
 // A device as a plan's feasibility depends on it, so that a planner can ask about devices other than the current one.
 struct GemmTarget {
   int cc;             // compute capability: major * 10 + minor
-  bool sm90_code;     // this image holds sm_90a code for it (recipes 4-9)
+  bool sm90_code;     // this image holds sm_90a code for it (recipes 4-10)
   int fp8_code_arch;  // the arch of this image's fp8 code for it (SASS, or the PTX JIT-compiled); -1: none
 };
 
@@ -61,9 +67,9 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout);
 // kernel sums every split itself: split_k == 1, and w8a16's weight stream up to kGemmStreamMaxWarpsK splits).
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe);
 
-// split_k = 0 on recipes 4 and 5 ("the last wave split"): the persistent grid runs the first `tail_from` tiles (whole
-// waves of num_sms) whole and each of the `tail_tiles` left as `split` K slices of `k_tiles_per_split` K tiles (no
-// slice empty), so the last wave fills the GPU; split 1 (nothing to split) runs every tile whole. The slices'
+// split_k = 0 on recipes 4, 5 and 10 ("the last wave split"): the persistent grid runs the first `tail_from` tiles
+// (whole waves of num_sms) whole and each of the `tail_tiles` left as `split` K slices of `k_tiles_per_split` K tiles
+// (no slice empty), so the last wave fills the GPU; split 1 (nothing to split) runs every tile whole. The slices'
 // partials go to a [tail_tiles][split][tile_m][tile_n] workspace, summed in slice order by a second kernel.
 struct GemmTailPlan {
   int32_t tail_from, tail_tiles, split, k_tiles_per_split;

@@ -18,11 +18,12 @@ namespace {
 // In recipe-id order, as gemm::launch_pair (sm80_gemm_launch.cuh) maps the ids to types.
 // Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe); recipe 6 the
 // Hopper weight stream's blocks of 16 token rows x 64 weight rows (sm90_stream.cuh's Sm90StreamShape); recipes 7, 8
-// and 9 Hopper w8a16's 128, 256 or 64 token rows x 128 weight rows (sm90_w8a16.cuh's Sm90W8a16Shape).
+// and 9 Hopper w8a16's 128, 256 or 64 token rows x 128 weight rows (sm90_w8a16.cuh's Sm90W8a16Shape); recipe 10 the
+// Hopper mainloop's 128 x 192 tile (fp8).
 constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
-                                      gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256, 64};
+                                      gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256, 64, 128};
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
-                                      gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128, 128};
+                                      gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128, 128, 192};
 
 // Why `t` cannot run the sm_90a kernels (null when it can): `not_cc90` off a compute capability 9.0 GPU, `no_code`
 // where the image holds no sm_90a code for it (a PTX-only image).
@@ -56,7 +57,7 @@ int gemm_k_tile(GemmPair pair) {
 }
 
 const char* gemm_unsupported_on(GemmPair pair, GemmLayout layout, int recipe, const GemmTarget& t) {
-  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7, 8 or 9";
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 or 10";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
   if (gemm_is_sm90_w8a16(recipe)) {
     if (layout != GemmLayout::kNT) return "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only";
@@ -71,13 +72,19 @@ const char* gemm_unsupported_on(GemmPair pair, GemmLayout layout, int recipe, co
     return sm90_unsupported(t, "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipe 6 needs it): use recipe 2");
   }
+  if (recipe == kGemmSm90Fp8WideRecipe) {
+    if (layout != GemmLayout::kNT) return "recipe 10 (the sm_90a 128 x 192 tile) runs layout nt only";
+    if (!is_fp8(pair)) return "recipe 10 (the sm_90a 128 x 192 tile) runs fp8 only: use recipe 4 or 5";
+    return sm90_unsupported(t, "recipe 10 (the sm_90a 128 x 192 tile) needs a compute capability 9.0 GPU (H100 / H200)",
+                            "this image has no sm_90a code for this GPU (recipe 10 needs it): use recipes 0-3");
+  }
   if (recipe >= kGemmFirstSm90Recipe) {
     if (layout != GemmLayout::kNT) return "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only";
     if (pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8)
       return "recipes 4 and 5 (the sm_90a wgmma mainloop) have no w8a16 kernel: use recipes 0-3";
     if (is_fp8(pair) && recipe == 5)
       return "recipe 5 (the sm_90a 128 x 256 tile) has no fp8 kernel (its promoted fp32 accumulators do not fit): use "
-             "recipe 4";
+             "recipe 4 or 10";
     return sm90_unsupported(t,
                             "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipes 4 and 5 need it): use recipes 0-3");
@@ -117,12 +124,12 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
     why << "recipe must be in [0, " << kGemmRecipes << "), got " << recipe;
     return why.str();
   }
-  const bool tail_recipe = recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1;
+  const bool tail_recipe = gemm_is_sm90_mainloop(int(recipe));
   if (!((split_k >= 1 && split_k <= kGemmMaxSplitK) || (split_k == 0 && tail_recipe))) {
     std::ostringstream why;
     why << "split_k must be " << (tail_recipe ? "0 (the last wave split along K) or " : "") << "in [1, "
         << kGemmMaxSplitK << "], got " << split_k
-        << (split_k == 0 ? " (0, the last wave split along K, is for recipes 4 and 5)" : "");
+        << (split_k == 0 ? " (0, the last wave split along K, is for recipes 4, 5 and 10)" : "");
     return why.str();
   }
   if (recipe == kGemmSm90StreamRecipe && split_k > kGemmSm90StreamMaxSplit) {
@@ -171,7 +178,7 @@ GemmTailPlan gemm_sm90_tail_plan(const GemmParams& p, int tile_m, int tile_n, in
 
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe) {
   if (recipe == kGemmSm90StreamRecipe) return 0;  // its slices are summed inside their cluster
-  if (p.split_k == 0) {  // recipes 4 and 5: the tail's slices (0 where nothing splits or the device is unknown)
+  if (p.split_k == 0) {  // recipes 4, 5 and 10: the tail's slices (0 where nothing splits or the device is unknown)
     DeviceFacts facts{};
     if (current_device_facts(&facts) != cudaSuccess) return 0;
     const GemmTailPlan t = gemm_sm90_tail_plan(p, gemm_recipe_tile_m(recipe), gemm_recipe_tile_n(recipe),
@@ -227,11 +234,10 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout) {
 cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream) {
   if (recipe < 0 || recipe >= kGemmRecipes) return cudaErrorInvalidValue;
   const int k_tiles = ceil_div(p.k, gemm_k_tile(pair));
-  // split_k 0 (recipes 4 and 5, checked by the binding): the sm_90a launcher plans the tail; any kernel that runs
+  // split_k 0 (recipes 4, 5 and 10, checked by the binding): the sm_90a launcher plans the tail; any kernel that runs
   // the call instead runs it unsplit.
   const bool tail_split = p.split_k == 0;
-  if (tail_split && recipe != kGemmFirstSm90Recipe && recipe != kGemmFirstSm90Recipe + 1)
-    return cudaErrorInvalidValue;
+  if (tail_split && !gemm_is_sm90_mainloop(recipe)) return cudaErrorInvalidValue;
   p.k_tiles_per_split = tail_split ? k_tiles : ceil_div(k_tiles, p.split_k);
   p.tail_from = 0;
   p.tail_split = 0;

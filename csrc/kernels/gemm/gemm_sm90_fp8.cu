@@ -1,4 +1,4 @@
-// Instantiation unit: the Hopper mainloop (sm90_gemm.cuh) for the fp8 pairs (e4m3 / e5m2), recipes 4 and 5.
+// Instantiation unit: the Hopper mainloop (sm90_gemm.cuh) for the fp8 pairs (e4m3 / e5m2), recipes 4 and 10.
 #include "kernels/gemm/sm80_groups.h"
 #include "kernels/gemm/sm90_gemm_launch.cuh"
 

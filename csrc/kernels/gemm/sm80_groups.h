@@ -24,8 +24,9 @@ cudaError_t sm80_launch_w8a8_nn(const GemmParams& p, GemmPair pair, int recipe, 
 cudaError_t sm80_launch_w8a8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8_nn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm80_launch_fp8_tn(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
-// The Hopper mainloop's units (gemm_sm90_<group>.cu): recipes 4 and 5 in layout nt; cudaErrorNotSupported where
-// the TMA cannot describe an operand (gemm_launch then runs the call on the portable mainloop).
+// The Hopper mainloop's units (gemm_sm90_<group>.cu): recipes 4 and 5 (fp8: 4 and 10) in layout nt;
+// cudaErrorNotSupported where the TMA cannot describe an operand (gemm_launch then runs the call on the portable
+// mainloop).
 cudaError_t sm90_launch_16bit(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm90_launch_fp8(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 cudaError_t sm90_launch_s8(const GemmParams& p, int recipe, cudaStream_t stream);

@@ -54,6 +54,8 @@ struct Sm90Pair;
     __device__ __forceinline__ static void mma(Acc (&d)[kBN / 2], uint64_t da, uint64_t db, bool accumulate) { \
       if constexpr (kBN == 128) {                                                                             \
         wgmma_m64n128_##CELL##_ss(d, da, db, accumulate);                                                     \
+      } else if constexpr (kBN == 192) {                                                                      \
+        wgmma_m64n192_##CELL##_ss(d, da, db, accumulate);                                                     \
       } else {                                                                                                \
         wgmma_m64n256_##CELL##_ss(d, da, db, accumulate);                                                     \
       }                                                                                                       \
@@ -70,7 +72,7 @@ ASTRAI_SM90_PAIR(kE4m3E5m2, float, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, e4m3e5m2, t
 ASTRAI_SM90_PAIR(kS8S8, int32_t, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8, s8, false)
 #undef ASTRAI_SM90_PAIR
 
-// A tile recipe: 128 x kBN output tile, kStages stages of 128 bytes of K.
+// A tile recipe: 128 x kBN output tile (kBN 128, 192 or 256), kStages stages of 128 bytes of K.
 template <int kBN_>
 struct Sm90Recipe {
   static constexpr int kBM = 128, kBN = kBN_;
@@ -79,13 +81,13 @@ struct Sm90Recipe {
   static constexpr int kTileBytesA = kBM * kBKBytes, kTileBytesB = kBN * kBKBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
   // Each consumer warpgroup stages its output through 16 KB of shared memory (64 rows x 256 bytes) for coalesced
-  // stores; the ring takes what is left of the 227 KB: 6 stages (kBN 128) or 4 (kBN 256).
+  // stores; the ring takes what is left of the 227 KB: 6 stages (kBN 128) or 4 (kBN 192, 256).
   static constexpr int kEpilogueBytes = 2 * 64 * 256;
   static constexpr int kStages = (227 * 1024 - kEpilogueBytes - 2048) / kStageBytes;
-  // kBN 128: each consumer's per-row and per-column scales of a tile are copied into shared memory (cp.async) while
-  // its mainloop runs, so the epilogue reads them there instead of waiting on global loads; kBN 256's ring leaves no
-  // room for them (its epilogue loads them from global memory).
-  static constexpr bool kSmemFactors = kBN == 128;
+  // kBN 128 and 192: each consumer's per-row and per-column scales of a tile are copied into shared memory (cp.async)
+  // while its mainloop runs, so the epilogue reads them there instead of waiting on global loads; kBN 256's ring
+  // leaves no room for them (its epilogue loads them from global memory).
+  static constexpr bool kSmemFactors = kBN != 256;
   static constexpr int kFactorFloats = kSmemFactors ? 64 + kBN : 0;  // a consumer's: 64 row scales, kBN column scales
   static constexpr int kSmemBytes = kStages * kStageBytes + kEpilogueBytes + 1024 /* alignment slack */ +
                                     2 * kStages * 8 + 2 * kFactorFloats * 4;
@@ -93,8 +95,10 @@ struct Sm90Recipe {
   static constexpr int kGroupM = 16;  // raster: 16 tiles of M walk N together (L2 reuse of a and b)
 };
 using Sm90RecipeN128 = Sm90Recipe<128>;
+using Sm90RecipeN192 = Sm90Recipe<192>;  // fp8's wide tile (recipe 10)
 using Sm90RecipeN256 = Sm90Recipe<256>;
-static_assert(Sm90RecipeN128::kSmemBytes <= 227 * 1024 && Sm90RecipeN256::kSmemBytes <= 227 * 1024,
+static_assert(Sm90RecipeN128::kSmemBytes <= 227 * 1024 && Sm90RecipeN192::kSmemBytes <= 227 * 1024 &&
+                  Sm90RecipeN256::kSmemBytes <= 227 * 1024,
               "a recipe's shared memory must fit the sm_90 opt-in limit");
 
 // Tile t (batches outermost, then the grouped raster) -> (batch, tile row, tile column).
@@ -192,7 +196,9 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
                                                 const Acc (&acc)[R::kBN / 2], uint8_t* buf, const CUtensorMap* map_out,
                                                 const float* factors = nullptr) {
   constexpr bool kRaw = kPartial || std::is_same<Out, int32_t>::value;
-  constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kChunks = R::kBN / kChunkCols, kPerUnit = 16 / kE;
+  // kBN 192 with a 16-bit output: the last chunk holds one half (64 columns) of the two.
+  constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kPerUnit = 16 / kE;
+  constexpr int kChunks = (R::kBN + kChunkCols - 1) / kChunkCols;
   const int tid = threadIdx.x % 128, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
   const int row0 = w.m_tile * R::kBM + cw * 64, col0 = w.n_tile * R::kBN;
   // Where the copy-out goes: (dst_row0, dst_col0) of `out + batch_base` with `row_stride`, rows and columns below
@@ -247,8 +253,10 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
     // values and is never stored. Coherent loads (__ldcg): a non-coherent one may be scheduled above
     // griddepcontrol.wait.
     constexpr int kGroupJ = kChunkCols / 8 < 8 ? kChunkCols / 8 : 8;
+    static_assert(R::kBN % (8 * kGroupJ) == 0, "a tile's columns end on a whole group");
 #pragma unroll
     for (int j0 = 0; j0 < kChunkCols / 8; j0 += kGroupJ) {
+      if (c * kChunkCols + 8 * j0 >= R::kBN) break;  // past a partial last chunk (known at compile time)
       float csb[kGroupJ][2], cbias[kGroupJ][2];
       if constexpr (!kRaw && !kUniform) {
         auto column = [&](int jj, int e) { return min(col0 + c * kChunkCols + 8 * (j0 + jj) + 2 * t + e, p.n - 1); };
@@ -324,7 +332,8 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
         constexpr int kHalfCols = 128 / kE;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          tma_store_3d(map_out, smem_addr(buf + h * 64 * 128), col0 + c * kChunkCols + h * kHalfCols, row0, w.bz);
+          if (c * kChunkCols + h * kHalfCols < R::kBN)
+            tma_store_3d(map_out, smem_addr(buf + h * 64 * 128), col0 + c * kChunkCols + h * kHalfCols, row0, w.bz);
         tma_store_commit();
       }
       continue;
@@ -333,6 +342,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
 #pragma unroll
     for (int i = 0; i < 64 * 16 / 128; ++i) {
       const int q = tid + 128 * i, r = q / 16, u = q % 16;
+      if (c * kChunkCols + u * kPerUnit >= R::kBN) continue;  // the empty half of a partial last chunk
       const int row = dst_row0 + r, col = dst_col0 + c * kChunkCols + u * kPerUnit;
       if (!whole && (row >= rows_end || col >= cols_end)) continue;
       const uint4 v = *reinterpret_cast<const uint4*>(buf + sm90_staged_unit<kTma>(r, u));
@@ -459,6 +469,9 @@ __global__ void __launch_bounds__(R::kThreads, 1)
 #if ASTRAI_WGMMA
   using P = Sm90Pair<kPair>;
   using Acc = typename P::Acc;
+  // fp8's promotion overlaps a stage's wgmma with the previous stage's additions where two sets of stage sums fit
+  // beside the accumulators (kBN 128: 3 x 64 registers; kBN 192 would need 3 x 96).
+  constexpr bool kTwoSums = 3 * (R::kBN / 2) <= 192;
   extern __shared__ uint8_t smem_raw[];
   // Stages 1024-byte aligned (the swizzle atoms), then the barriers.
   // An offset from smem_raw, not an integer round trip: the compiler keeps the shared address space, so the
@@ -535,7 +548,21 @@ __global__ void __launch_bounds__(R::kThreads, 1)
     const Sm90Unit w = sm90_unit<R>(p, u, tiles_m, tiles_n, k_tiles);
     const int kt0 = w.kt0, kt1 = w.kt1;
     if (staged_factors && !w.partial) sm90_load_factors<R>(p, w, cw, factors);
-    if constexpr (P::kPromote) {
+    if constexpr (P::kPromote && !kTwoSums) {
+      // One set of stage sums (kBN 192: a second does not fit the registers): a stage's wgmma, drained, its stage
+      // handed back, its sum added to acc; the other consumer warpgroup's wgmma run meanwhile. (Making the two take
+      // turns issuing, by named barriers, timed 2-6% slower on an H100: docs/benchmarks.md.)
+#pragma unroll
+      for (int i = 0; i < R::kBN / 2; ++i) acc[i] = Acc(0);
+      Acc part[R::kBN / 2];
+      for (int kt = kt0; kt < kt1; ++kt, ++it) {
+        sm90_stage_mma<P, R>(part, stage_at(it), cw, false);
+        wgmma_commit();
+        wgmma_wait<0>();
+        release(it);
+        sm90_promote(acc, part);
+      }
+    } else if constexpr (P::kPromote) {
       // Two sets of stage sums, runs of kPromoteRun stages: a stage's wgmma run while the previous stage's sum is
       // added to acc, and the tensor cores drain once a run (ptxas serializes every wgmma if a group stays in flight
       // across loop iterations, so each run is issued and retired within one iteration). The end of a slice takes
@@ -586,7 +613,7 @@ __global__ void __launch_bounds__(R::kThreads, 1)
       }
       continue;
     }
-    if (!P::kPromote) release(it - 1);
+    if (!P::kPromote) release(it - 1);  // the promoted loops hand back every stage themselves
 
     uint8_t* const buf = epilogue_buf + cw * (R::kEpilogueBytes / 2);
     // Recomputed a tile where the factors are not staged: kBN 256's kernels keep their former code (hoisted there,
@@ -617,7 +644,7 @@ constexpr int kTailReduceThreads = 256;
 template <class Acc, class R>
 __global__ void __launch_bounds__(kTailReduceThreads)
     gemm_sm90_tail_reduce_kernel(const __grid_constant__ GemmParams p) {
-#if ASTRAI_WGMMA  // only recipes 4 and 5 launch it: a stub in the other arches' code
+#if ASTRAI_WGMMA  // only recipes 4, 5 and 10 launch it: a stub in the other arches' code
   wait_prerequisites();
   launch_dependents();  // the next call may be scheduled now (it waits for this grid too)
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;

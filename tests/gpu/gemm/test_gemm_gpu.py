@@ -66,9 +66,9 @@ def skip_if_blocked(ta):
 
 
 def skip_if_no_recipe(recipe, ta, tb):
-    """Recipes 4 and 5 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the image,
-    recipe 6 (the sm_90a weight stream) every pair there, recipes 7-9 w8a16 only (test_sm90_recipes_refused and
-    test_sm90_w8a16_refused cover the messages)."""
+    """Recipes 4, 5 and 10 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the
+    image (recipe 5 not fp8, recipe 10 fp8 only), recipe 6 (the sm_90a weight stream) every pair there, recipes 7-9
+    w8a16 only (test_sm90_recipes_refused and test_sm90_w8a16_refused cover the messages)."""
     if recipe == ops.SM90_STREAM_RECIPE and not ops.sm90_available(torch.device(DEVICE)):
         pytest.skip("recipe 6 needs an sm_90 GPU and sm_90a code in the image")
     if recipe in ops.SM90_W8A16_RECIPES:
@@ -83,6 +83,8 @@ def skip_if_no_recipe(recipe, ta, tb):
             pytest.skip("recipes 4 and 5 have no w8a16 kernel")
         if recipe == 5 and ta in (E4, E5):
             pytest.skip("recipe 5 has no fp8 kernel")
+        if recipe == 10 and ta not in (E4, E5):
+            pytest.skip("recipe 10 runs fp8 only")
 
 
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -274,7 +276,7 @@ def test_fp8_auto_path_falls_back_where_the_image_has_no_fp8_code():
         ae.quant_gemm(a, b, path="cuda")
 
 
-# --- the Hopper mainloop (recipes 4 and 5) ------------------------------------------------------------------
+# --- the Hopper mainloop (recipes 4, 5 and 10) ----------------------------------------------------------------
 
 SM90_PAIRS = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.int8, torch.int8), (E4, E4),
               (E5, E4), (E4, E5)]
@@ -287,7 +289,7 @@ def skip_without_sm90():
 
 
 @pytest.mark.parametrize("pair", SM90_PAIRS, ids=SM90_PAIR_IDS)
-@pytest.mark.parametrize("plan", [(4, 1), (4, 3), (5, 1), (5, 2)], ids=lambda p: f"r{p[0]}s{p[1]}")
+@pytest.mark.parametrize("plan", [(4, 1), (4, 3), (5, 1), (5, 2), (10, 1), (10, 3)], ids=lambda p: f"r{p[0]}s{p[1]}")
 def test_sm90_persistent_units_batch_broadcast(pair, plan):
     """More work units than SMs (each CTA walks several, its TMA ring running across them), batch 3 with b
     broadcast, split-K, per-row and per-channel scales, bias, a poisoned output."""
@@ -355,16 +357,17 @@ def test_sm90_int8_exact_and_repeatable(plan):
     assert_bitwise_equal(captured, y, "graph replay")
 
 
+@pytest.mark.parametrize("recipe", [4, 10])
 @pytest.mark.parametrize("pair", [(E4, E4), (E5, E4)], ids=["e4m3", "e5m2-e4m3"])
-def test_sm90_fp8_error_vs_scaled_mm(pair):
-    """fp8 at K = 16384 on recipe 4 (each stage's wgmma sum promoted to fp32 registers): error against float64 no
-    worse than 2x torch._scaled_mm's on the same operands (unit scales, fp32 out)."""
+def test_sm90_fp8_error_vs_scaled_mm(pair, recipe):
+    """fp8 at K = 16384 on recipes 4 and 10 (each stage's wgmma sum promoted to fp32 registers): error against
+    float64 no worse than 2x torch._scaled_mm's on the same operands (unit scales, fp32 out)."""
     skip_without_sm90()
     ta, tb = pair
-    m, n, k = 256, 512, 16384
+    m, n, k = 256, 576, 16384
     a, b = operand(ta, (m, k)), operand(tb, (n, k))
     want = reference(a, b)
-    ours = rel_error(ops.quant_gemm(a, b, out_dtype=torch.float32, plan=(4, 1)), want)
+    ours = rel_error(ops.quant_gemm(a, b, out_dtype=torch.float32, plan=(recipe, 1)), want)
     one = torch.ones((), device=DEVICE)
     theirs = rel_error(torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.float32), want)
     assert ours <= 2 * theirs + 1e-7, (ours, theirs)
@@ -403,7 +406,7 @@ def test_sm90_tail_split_matches_float64(pair, recipe, case):
 
 def test_sm90_tail_split_graph_and_refusals():
     """The last wave split under CUDA-graph capture (its workspace from the caching allocator) replays bitwise;
-    split_k 0 off recipes 4 and 5 is refused before launch, naming the op and the reason."""
+    split_k 0 off recipes 4, 5 and 10 is refused before launch, naming the op and the reason."""
     skip_without_sm90()
     a, b = operand(torch.bfloat16, (1000, 2048)), operand(torch.bfloat16, (2112, 2048))
     y = ops.quant_gemm(a, b, plan=(4, ops.TAIL_SPLIT))
@@ -418,7 +421,7 @@ def test_sm90_tail_split_graph_and_refusals():
     torch.cuda.synchronize()
     assert_bitwise_equal(captured, y, "graph replay")
     with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be in \[1, 64\], got 0 \(0, the last "
-                                           r"wave split along K, is for recipes 4 and 5\)"):
+                                           r"wave split along K, is for recipes 4, 5 and 10\)"):
         torch.ops.astrai.quant_gemm(a, b, None, None, None, torch.bfloat16, 0, 0, 0)
     with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be 0 \(the last wave split along K\) "
                                            r"or in \[1, 64\], got -1"):
@@ -484,6 +487,34 @@ def test_sm90_recipes_refused():
         ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(4, 1))
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 5 .*no fp8 kernel"):
         ops.quant_gemm(a16.to(E4), b16.to(E4), plan=(5, 1))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: recipe 10 .*runs fp8 only"):
+        ops.quant_gemm(a16, b16, plan=(10, 1))
+
+
+# (M, N, K): recipe 10's 192-column tiles with a 16-bit output end on half a staged chunk (64 columns): N a multiple of
+# 192, N ending inside the last tile's first or second 128 columns, N odd (the threads' copy-out: no TMA store), M off
+# the 128-row tile, K off the 128-byte K tile.
+WIDE_FP8_CASES = [(256, 384, 512), (130, 1000, 1040), (129, 900, 272), (77, 1001, 656), (300, 200, 4096)]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("case", WIDE_FP8_CASES, ids=lambda c: "M{}-N{}-K{}".format(*c))
+def test_sm90_fp8_wide_tile_epilogue(case, out_dtype):
+    """Recipe 10 (128 x 192, fp8) in every output type with per-row and per-channel scales and bias into a poisoned
+    output: against float64, and bitwise equal to recipe 4 (each stage's 128 products of K summed alone, then added
+    in stage order, whatever the tile's width)."""
+    skip_without_sm90()
+    m, n, k = case
+    a, b = operand(E4, (m, k)), operand(E4, (n, k))
+    sa, sb = scales_for(E4, E4, m, n)
+    bias = torch.randn(n, device=DEVICE)
+    out = torch.full((m, n), float("nan"), device=DEVICE, dtype=out_dtype)
+    ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out=out, plan=(10, 1))
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
+    bound = FP8_WGMMA_BOUND if out_dtype == torch.float32 else 1e-2
+    assert torch.isfinite(out).all() and rel_error(out, want) < bound, rel_error(out, want)
+    narrow = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=out_dtype, plan=(4, 1))
+    assert_bitwise_equal(out, narrow, "recipe 10 vs recipe 4")
 
 
 # --- recipe 6: the sm_90a weight stream ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-// wgmma cells of the Hopper GEMM (sm_90a): m64n128 and m64n256, both operands K-major in shared memory (128-byte
-// swizzle descriptors of wgmma_sm90.cuh), for every operand pair the GEMM family runs there: bf16 and fp16 (k16,
-// fp32 accumulators), e4m3 / e5m2 in any combination (k32, fp32) and s8 (k32, s32 with .satfinite). One call is one
-// wgmma of the executing warpgroup; `accumulate` false overwrites d (scale-d 0).
+// wgmma cells of the Hopper GEMM (sm_90a): m64n128, m64n192 and m64n256, both operands K-major in shared memory
+// (128-byte swizzle descriptors of wgmma_sm90.cuh), for every operand pair the GEMM family runs there: bf16 and fp16
+// (k16, fp32 accumulators), e4m3 / e5m2 in any combination (k32, fp32) and s8 (k32, s32 with .satfinite). One call is
+// one wgmma of the executing warpgroup; `accumulate` false overwrites d (scale-d 0).
 //
 // Accumulator layout (every cell): thread (warp w of the warpgroup, lane 4 g + t) holds d[4 j + e] =
 // D[16 w + g + 8 (e / 2)][8 j + 2 t + e % 2], j = 0 .. N / 8 - 1.
@@ -14,9 +14,16 @@
 
 namespace astrai {
 
-// Accumulator operands of a cell: 64 (m64n128) or 128 (m64n256) registers, fp32 (F) or s32 (R).
+// The first 32 of a cell's accumulator operands (the last third of m64n192's).
+#define ASTRAI_WGMMA_OPS32(C, d) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), C(d[10]), C(d[11]), \
+  C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), \
+  C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31])
+// Accumulator operands of a cell: 64 (m64n128), 96 (m64n192) or 128 (m64n256) registers, fp32 (F) or s32 (R).
 #define ASTRAI_WGMMA_D64F(d) ASTRAI_WGMMA_OPS64("+f", d)
+#define ASTRAI_WGMMA_D96F(d) ASTRAI_WGMMA_OPS64("+f", d), ASTRAI_WGMMA_OPS32("+f", (d + 64))
 #define ASTRAI_WGMMA_D64R(d) ASTRAI_WGMMA_OPS64("+r", d)
+#define ASTRAI_WGMMA_D96R(d) ASTRAI_WGMMA_OPS64("+r", d), ASTRAI_WGMMA_OPS32("+r", (d + 64))
 #define ASTRAI_WGMMA_D128F(d) ASTRAI_WGMMA_OPS64("+f", d), ASTRAI_WGMMA_OPS64("+f", (d + 64))
 #define ASTRAI_WGMMA_D128R(d) ASTRAI_WGMMA_OPS64("+r", d), ASTRAI_WGMMA_OPS64("+r", (d + 64))
 
@@ -26,6 +33,13 @@ namespace astrai {
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
   "%62, %63"
+// The 96 accumulator registers %0..%95 of an m64n192 cell.
+#define ASTRAI_WGMMA_DLIST96 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 // The 128 accumulator registers %0..%127 of an m64n256 cell.
 #define ASTRAI_WGMMA_DLIST128 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -51,10 +65,12 @@ namespace astrai {
 #endif
 
 
-// Both cells (m64n128, m64n256) of an operand pair: wgmma_m64n128_<NAME>_ss and wgmma_m64n256_<NAME>_ss.
+// The cells of an operand pair: wgmma_m64n128_<NAME>_ss, wgmma_m64n192_<NAME>_ss and wgmma_m64n256_<NAME>_ss.
 #define ASTRAI_WGMMA_CELLS(NAME, ACC, CONS, K, TYPES, TAIL)                                                       \
   ASTRAI_WGMMA_CELL(wgmma_m64n128_##NAME##_ss, ACC, 64, CONS, "wgmma.mma_async.sync.aligned.m64n128k" K TYPES, TAIL, \
                     "%64", "%65", "%66")                                                                          \
+  ASTRAI_WGMMA_CELL(wgmma_m64n192_##NAME##_ss, ACC, 96, CONS, "wgmma.mma_async.sync.aligned.m64n192k" K TYPES, TAIL, \
+                    "%96", "%97", "%98")                                                                          \
   ASTRAI_WGMMA_CELL(wgmma_m64n256_##NAME##_ss, ACC, 128, CONS, "wgmma.mma_async.sync.aligned.m64n256k" K TYPES, TAIL, \
                     "%128", "%129", "%130")
 ASTRAI_WGMMA_CELLS(bf16, float, F, "16", ".f32.bf16.bf16", ", 1, 1, 0, 0")
