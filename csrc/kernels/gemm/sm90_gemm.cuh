@@ -199,6 +199,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
   // kBN 192 with a 16-bit output: the last chunk holds one half (64 columns) of the two.
   constexpr int kE = int(sizeof(Out)), kChunkCols = 256 / kE, kPerUnit = 16 / kE;
   constexpr int kChunks = (R::kBN + kChunkCols - 1) / kChunkCols;
+  constexpr bool kPartialChunk = R::kBN % kChunkCols != 0;  // the guards below exist only then (recipes 4 / 5's code)
   const int tid = threadIdx.x % 128, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
   const int row0 = w.m_tile * R::kBM + cw * 64, col0 = w.n_tile * R::kBN;
   // Where the copy-out goes: (dst_row0, dst_col0) of `out + batch_base` with `row_stride`, rows and columns below
@@ -256,7 +257,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
     static_assert(R::kBN % (8 * kGroupJ) == 0, "a tile's columns end on a whole group");
 #pragma unroll
     for (int j0 = 0; j0 < kChunkCols / 8; j0 += kGroupJ) {
-      if (c * kChunkCols + 8 * j0 >= R::kBN) break;  // past a partial last chunk (known at compile time)
+      if (kPartialChunk && c * kChunkCols + 8 * j0 >= R::kBN) break;  // past a partial last chunk
       float csb[kGroupJ][2], cbias[kGroupJ][2];
       if constexpr (!kRaw && !kUniform) {
         auto column = [&](int jj, int e) { return min(col0 + c * kChunkCols + 8 * (j0 + jj) + 2 * t + e, p.n - 1); };
@@ -332,7 +333,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
         constexpr int kHalfCols = 128 / kE;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          if (c * kChunkCols + h * kHalfCols < R::kBN)
+          if (!kPartialChunk || c * kChunkCols + h * kHalfCols < R::kBN)
             tma_store_3d(map_out, smem_addr(buf + h * 64 * 128), col0 + c * kChunkCols + h * kHalfCols, row0, w.bz);
         tma_store_commit();
       }
@@ -342,7 +343,7 @@ __device__ __forceinline__ void sm90_store_tile(const GemmParams& p, const Sm90U
 #pragma unroll
     for (int i = 0; i < 64 * 16 / 128; ++i) {
       const int q = tid + 128 * i, r = q / 16, u = q % 16;
-      if (c * kChunkCols + u * kPerUnit >= R::kBN) continue;  // the empty half of a partial last chunk
+      if (kPartialChunk && c * kChunkCols + u * kPerUnit >= R::kBN) continue;  // a partial last chunk's empty half
       const int row = dst_row0 + r, col = dst_col0 + c * kChunkCols + u * kPerUnit;
       if (!whole && (row >= rows_end || col >= cols_end)) continue;
       const uint4 v = *reinterpret_cast<const uint4*>(buf + sm90_staged_unit<kTma>(r, u));
