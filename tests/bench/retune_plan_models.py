@@ -113,6 +113,14 @@ def retune(name, pair, band, train, rounds: int = 6) -> list:
     return values
 
 
+def _least_squares(rows: list, width: int) -> tuple:
+    """Constants c (>= 0, 3 decimals) with rows . c ~= 1: each row is one timed plan's terms over its time."""
+    if not rows:
+        return (0.0,) * width
+    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.ones(len(rows)), rcond=None)[0]
+    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+
+
 def seed_portable(cells, pair, band) -> tuple:
     """SM90_SMALL_PORTABLE_MODEL[pair]'s starting constants: least squares (relative error) of recipe 2's timed plans
     in `band` on the model's form, each clipped at 0."""
@@ -126,10 +134,7 @@ def seed_portable(cells, pair, band) -> tuple:
             if recipe == 2:
                 q = math.ceil(units * split / (device.num_sms * gemm.SM90_PORTABLE_FIT_CTAS))
                 rows.append([q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us])
-    if not rows:
-        return (0.0, 0.0, 0.0)
-    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.ones(len(rows)), rcond=None)[0]
-    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+    return _least_squares(rows, 3)
 
 
 def seed_wide(cells, pair, band, fixed: bool) -> tuple:
@@ -144,10 +149,7 @@ def seed_wide(cells, pair, band, fixed: bool) -> tuple:
             continue
         q = math.ceil(gemm._tiles(m, n, recipe) / device.num_sms)
         rows.append([q * gemm._k_tiles(k, pair) / us, q / us] + ([1.0 / us] if fixed else []))
-    if not rows:
-        return (0.0, 0.0, 0.0) if fixed else (0.0, 0.0)
-    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.ones(len(rows)), rcond=None)[0]
-    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+    return _least_squares(rows, 3 if fixed else 2)
 
 
 def main(argv=None) -> int:
