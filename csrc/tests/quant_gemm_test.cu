@@ -628,7 +628,7 @@ std::vector<Case> stream_shapes(int pair) {
   return v;
 }
 
-// A rotation's recipe `r % kGemmRecipes`, or where this device or image cannot run it (the sm_90a recipes 4-10 off
+// A rotation's recipe `r % kGemmRecipes`, or where this device or image cannot run it (the sm_90a recipes 4-11 off
 // an H100 / H200, in layouts other than nt, for the pairs they do not run) the portable recipe r % 4, so the
 // rotation still runs.
 int rotated_recipe(int pi, int li, int r) {
@@ -665,7 +665,8 @@ std::vector<Case> make_cases(bool small) {
       cases.push_back(c);
     }
     // The sm_90a w8a16 kernels (skipped off an H100 / H200): split-K with a padded output; M = 1.
-    for (int recipe : {kGemmSm90W8a16Recipe, kGemmSm90W8a16WideRecipe, kGemmSm90W8a16NarrowRecipe})
+    for (int recipe : {kGemmSm90W8a16Recipe, kGemmSm90W8a16WideRecipe, kGemmSm90W8a16NarrowRecipe,
+                       kGemmSm90W8a16Tokens192Recipe})
       for (int pi : {2, 3}) {
         Case c = shapes_for(pi, 0, recipe)[pi == 2 ? 2 : 0];
         c.epi = epilogues_of(kPairs[pi])[size_t(pi + recipe)];

@@ -13,7 +13,9 @@ With --portable it fits SM90_SMALL_PORTABLE_MODEL instead (recipe 2 in the small
 recipe 2's timed plans, then the same search (the thirty-seventh session's w8a16 constants came from it). With
 --wide PAIR it fits the constants of PAIR's wide tile (`SM90_WIDE_RECIPE`, the second recipe of SM90_SMALL_MODEL,
 SM90_MID_MODEL and SM90_MODEL) the same way: a least-squares seed on that recipe's unsplit timed plans, then the
-search over every constant of the three models (fp8's recipe 10 came from it).
+search over every constant of the three models (fp8's recipe 10 came from it). With --w8a16-recipe R it fits R's
+(stage, unit, fixed) in SM90_W8A16_MODEL the same way (least squares on R's timed plans, every split, then the search
+over every constant of the model at every M it decides; recipe 11 came from it).
 
     PYTHONPATH=. python tests/bench/retune_plan_models.py \\
         --train docs/results/2026-12-04_h200_gemm_sweep_train.json docs/results/2026-12-04_h200_gemm_sweep_train_small.json \\
@@ -152,6 +154,25 @@ def seed_wide(cells, pair, band, fixed: bool) -> tuple:
     return _least_squares(rows, 3 if fixed else 2)
 
 
+def seed_w8a16(cells, recipe: int) -> tuple:
+    """SM90_W8A16_MODEL's (stage, unit, fixed) for `recipe`: least squares (relative error) of its timed plans, every
+    split, on q * (stage * ceil(k_tiles / s) + unit) + fixed with the model's split cost taken off, clipped at 0."""
+    split_cost = gemm.SM90_W8A16_MODEL[-1]
+    rows, rhs = [], []
+    for record, device, times, _ in cells:
+        m, n, k = record["m"], record["n"], record["k"]
+        if record["pair"] != "w8a16":
+            continue
+        k_tiles, tiles = gemm._k_tiles(k, "w8a16"), gemm._tiles(m, n, recipe)
+        for (r, split), us in times.items():
+            if r == recipe:
+                q = math.ceil(tiles * split / device.num_sms)
+                rows.append([q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us])
+                rhs.append(1.0 - (split_cost * m * n * split / 1e6 if split > 1 else 0.0) / us)
+    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.array(rhs), rcond=None)[0]
+    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", nargs="+", required=True)
@@ -162,6 +183,9 @@ def main(argv=None) -> int:
     parser.add_argument("--wide", metavar="PAIR",
                         help="fit PAIR's wide-tile constants (SM90_WIDE_RECIPE) in the three Hopper mainloop models "
                              "from a least-squares seed, keeping the result")
+    parser.add_argument("--w8a16-recipe", type=int, metavar="R",
+                        help="fit recipe R's constants in SM90_W8A16_MODEL (least-squares seed, then the search over "
+                             "the whole model at every M it decides)")
     args = parser.parse_args(argv)
     train, holdout = load(args.train), load(args.holdout)
     targets = TARGETS
@@ -177,6 +201,13 @@ def main(argv=None) -> int:
                 values[3:6] = seed_wide(train, pair, band, fixed=True)
             _put(name, pair, values)
             print(f"{name}[{pair!r}] seed {tuple(values)}")
+    if args.w8a16_recipe is not None:
+        slot = 3 * gemm.SM90_W8A16_RECIPES.index(args.w8a16_recipe)
+        values = _get("SM90_W8A16_MODEL", "w8a16")
+        values[slot:slot + 3] = seed_w8a16(train, args.w8a16_recipe)
+        _put("SM90_W8A16_MODEL", "w8a16", values)
+        print(f"SM90_W8A16_MODEL seed {tuple(values)}")
+        targets = [("SM90_W8A16_MODEL", "w8a16", (17, 1 << 30))]
     if args.portable:
         targets = [("SM90_SMALL_PORTABLE_MODEL", p, (17, 256)) for p in ("w16a16", "w8a8", "fp8", "w8a16")]
         for _, pair, band in targets:
@@ -193,7 +224,7 @@ def main(argv=None) -> int:
             before = summary(ratios(train, pair, band)), summary(ratios(holdout, pair, band))
             print(f"  without recipe 2: train {before[0]}, holdout {before[1]}")
             continue
-        if args.wide:  # the bands are separate: each keeps its fit for the next one's judgement
+        if args.wide or args.w8a16_recipe is not None:  # kept: the seed is not the installed model to judge against
             continue
         _put(name, pair, original)  # each target judged alone, against the constants as installed
     return 0

@@ -463,10 +463,10 @@ def test_data():
         "m128n128": (128, 128), "m64n128": (64, 128), "m16n64": (16, 64), "m128n64": (128, 64),
         "sm90_m128n128": (128, 128), "sm90_m128n256": (128, 256), "sm90_stream": (16, 64),
         "sm90_w8a16": (128, 128), "sm90_w8a16_wide": (256, 128), "sm90_w8a16_narrow": (64, 128),
-        "sm90_m128n192": (128, 192)}
+        "sm90_m128n192": (128, 192), "sm90_w8a16_m192": (192, 128)}
     assert ops.SM90_RECIPES == (4, 5, 10)
     assert ops.SM90_WIDE_RECIPE == {"w16a16": 5, "w8a8": 5, "fp8": 10}
-    assert ops.SM90_W8A16_RECIPES == (7, 8, 9)
+    assert ops.SM90_W8A16_RECIPES == (7, 8, 9, 11)
     assert ops.pair_of(torch.bfloat16, torch.int8) == "w8a16"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e4m3fn) == "fp8"
     assert ops.pair_of(torch.float8_e5m2, torch.float8_e5m2) is None
@@ -609,7 +609,7 @@ def _bad_calls():
         ("int32_scaled", t(4, 64, dtype=s8), t(8, 64, dtype=s8), rows, one, None, torch.int32, 0, 0, 1,
          r"out_dtype int32 returns the raw int32 accumulators"),
         ("out_dtype", t(4, 64), t(8, 64), None, None, None, torch.int32, 0, 0, 1, r"out_dtype must be bfloat16"),
-        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 11, 1, r"recipe must be in \[0, 11\), got 11"),
+        ("recipe", t(4, 64), t(8, 64), None, None, None, bf, 0, 12, 1, r"recipe must be in \[0, 12\), got 12"),
         ("split_k", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 0, r"split_k must be in \[1, 64\], got 0"),
         ("cpu", t(4, 64), t(8, 64), None, None, None, bf, 0, 0, 1, r"a must be a CUDA tensor, got cpu"),
     ]
@@ -644,7 +644,7 @@ def test_sm90_few_tiles_above_the_mid_band_may_take_the_weight_stream(pair):
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True) == (6, 1)
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True, batch_invariant=True)[0] == 4
     assert ops.builtin_plan(4096, 4096, 4096, pair, 132, sm90=True)[0] in (4, 5)
-    assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9, 10)  # no sm_90a code: portable
+    assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9, 10, 11)  # no sm_90a code: portable
 
 
 @pytest.mark.parametrize("pair,m,n,k", [("w16a16", 160, 3072, 1024), ("fp8", 150, 3328, 1664)])

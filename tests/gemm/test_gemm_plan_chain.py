@@ -130,7 +130,7 @@ def test_first_matching_row_wins_and_injected_rows_stack():
     ("* * * * * * 6 1", "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)"),
     ("* * * * * * 0 0",
      "split_k must be in [1, 64], got 0 (0, the last wave split along K, is for recipes 4, 5 and 10)"),
-    ("* w16a16 * * * * 7 1", "recipes 7-9 run w8a16 only"),
+    ("* w16a16 * * * * 7 1", "recipes 7-9 and 11 run w8a16 only"),
     ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only"),
 ])
 def test_a_row_that_cannot_run_falls_through_to_the_next_planner(row, why, capsys):
@@ -379,7 +379,7 @@ def test_candidates_are_runnable_and_ordered():
     assert plans == sorted(plans, key=lambda p: (p[0], p[1] if p[1] else -1))
     assert all(gp.can_run(c, p, H200) is None for p in plans)
     assert (4, 0) in plans and (5, 1) in plans and (6, 1) in plans
-    assert not any(p[0] in (7, 8, 9) for p in plans)  # w8a8 / w16a16 do not run the w8a16 recipes
+    assert not any(p[0] in (7, 8, 9, 11) for p in plans)  # w8a8 / w16a16 do not run the w8a16 recipes
     assert all(p[0] < 4 for p in gp.candidates(c, A100))
     gp.set_staging(tma=False)
     assert all(p[0] < 4 for p in gp.candidates(c, H200))
@@ -575,7 +575,7 @@ def test_info_survives_a_bad_seed_file(monkeypatch, tmp_path):
      "this image runs compute_80 code on this GPU, which has no fp8 mma (sm_89+ code needed)"),
     ((E4M3, E4M3, 0, 0, 1, 256, 4096, 1, 86, False, 80), "fp8 operands need an sm_89 or newer GPU"),
     ((E4M3, E4M3, 0, 0, 1, 256, 4096, 1, 120, False, 120), ""),
-    ((BF16, I8, 1, 7, 1, 256, 4096, 1, 90, True, 90), "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only"),
+    ((BF16, I8, 1, 7, 1, 256, 4096, 1, 90, True, 90), "recipes 7-9 and 11 (the sm_90a w8a16 kernels) run layout nt only"),
     ((BF16, BF16, 0, 2, 1, 65535 * 16 + 1, 64, 1, 80, False, 80),
      "M = 1048561 needs more than 65535 tiles of 16 rows for recipe 2: pick recipe 0 (up to 8388480 rows) or split "
      "the call along M (at most 1048560 rows a call with this recipe)"),
@@ -586,7 +586,7 @@ def test_info_survives_a_bad_seed_file(monkeypatch, tmp_path):
      "M = 8388481 needs more than 65535 tiles of 128 rows for recipe 0: split the call along M (at most 8388480 rows "
      "a call with this recipe)"),
     ((BF16, BF16, 0, 0, 2, 64, 64, 40000, 80, False, 80), "batch * split_k must be <= 65535, got 40000 * 2"),
-    ((BF16, BF16, 0, 11, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 11), got 11"),
+    ((BF16, BF16, 0, 12, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 12), got 12"),
     ((BF16, BF16, 7, 0, 1, 64, 64, 1, 80, False, 80), "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got 7"),
     ((torch.float32, BF16, 0, 0, 1, 64, 64, 1, 80, False, 80), "(a, b) dtypes must be one of "),
 ])

@@ -95,6 +95,9 @@ RECIPES = {
     # sums beside them, so a warpgroup's additions wait for its stage's wgmma; the other warpgroup's keep the tensor
     # cores busy).
     10: Recipe("sm90_m128n192", 128, 192),
+    # 11: Hopper w8a16 as 7-9 with 192 token rows (one m64n192 wgmma a k16 step): 1.5 waves' worth of recipe 8's tiles
+    # where 256-token tiles leave the last wave short.
+    11: Recipe("sm90_w8a16_m192", 192, 128),
 }
 SM90_RECIPES = (4, 5, 10)  # the wgmma mainloop
 # The wide tile a pair's Hopper models price beside recipe 4 (their second recipe's constants): 128 x 256, or 128 x
@@ -111,7 +114,7 @@ TAIL_MIN_K_TILES = 8
 # timed +7% to +54%.
 TAIL_MARGIN = 0.03
 SM90_STREAM_RECIPE = 6
-SM90_W8A16_RECIPES = (7, 8, 9)  # Hopper w8a16 on wgmma
+SM90_W8A16_RECIPES = (7, 8, 9, 11)  # Hopper w8a16 on wgmma
 SM90_STREAM_MAX_SPLIT = 8  # its K slices are the CTAs of one cluster (the portable cluster size)
 
 # The built-in plan's constants (see builtin_plan).
@@ -224,16 +227,19 @@ SM90_SMALL_MODEL = {"w16a16": (0.347, 5.127, 4.85, 0.575, 3.043, 9.364, 0.233, 7
 SM90_MID_MODEL = {"w16a16": (0.319, 2.657, 6.676, 0.541, 10.437, 3.356, 0.243, 6.508, 0.348, 1.175),
                   "w8a8": (0.167, 5.375, 5.17, 0.657, 10.883, 3.792, 0.26, 5.476, 1.145, 2.0),
                   "fp8": (0.171, 1.611, 8.441, 0.195, 4.387, 6.684, 0.315, 4.904, 2.33, 0.932)}
-# Hopper w8a16 (recipes 7, 8 and 9, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
+# Hopper w8a16 (recipes 7, 8, 9 and 11, `sm90_available`): in layout "nt" at M > SMALL_M the (recipe, split) of least
 # estimated time, q * (stage_r * ceil(k_tiles / s) + unit_r) + fixed_r + split_cost * M * N * s / 1e6 on their
 # one-tile-a-CTA grid (q = ceil(tiles * s / num_sms) waves, k_tiles of 128 values), splits 1, 2, 4, 8 each keeping >=
 # SM90_W8A16_MIN_K_TILES K tiles (short K splits too: at K = 1024 - 2048 a split of 4 was the fastest timed).
-# SM90_W8A16_MODEL = (stage_7, unit_7, fixed_7, stage_8, unit_8, fixed_8, stage_9, unit_9, fixed_9, split_cost): a
-# least-squares fit (relative error, non-negative) to the twenty-second session's training sweeps (`gemm_tune sweep
-# --grid train` and `--grid train_small`, M 17-8192, operands out of L2; docs/benchmarks.md).
+# SM90_W8A16_MODEL = (stage_7, unit_7, fixed_7, stage_8, unit_8, fixed_8, stage_9, unit_9, fixed_9, stage_11,
+# unit_11, fixed_11, split_cost), in SM90_W8A16_RECIPES order: a least-squares fit (relative error, non-negative) to the
+# twenty-second session's training sweeps (`gemm_tune sweep --grid train` and `--grid train_small`, M 17-8192,
+# operands out of L2; docs/benchmarks.md). Recipe 11's three (thirty-ninth session, `retune_plan_models.py
+# --w8a16-recipe 11`'s least-squares seed, the rest as before) on H100 w8a16 sweeps at M >= 96 of train, train_small
+# and holdouts 5-7: holdouts 8 and 9 (M >= 96, not fitted) 4.93% -> 2.36% geomean regret, 9 -> 3 cells over 10%.
 # (A re-tune for its choices like SM90_MID_MODEL's above gained little at M 17-256, holdouts 1.44% -> 1.31%, and moved
 # a holdout cell past M = 256 to a plan 8% slower, M = 640, N = 28672: not kept; twenty-seventh session.)
-SM90_W8A16_MODEL = (0.916, 2.597, 6.22, 1.298, 4.335, 4.79, 0.688, 1.626, 6.096, 1.795)
+SM90_W8A16_MODEL = (0.916, 2.597, 6.22, 1.298, 4.335, 4.79, 0.688, 1.626, 6.096, 1.178, 2.004, 6.666, 1.795)
 SM90_W8A16_MIN_K_TILES = 2
 SM90_STREAM_BANDS = {"w16a16": ((1, 8),), "w8a8": ((1, 8),), "fp8": ((1, 8),)}
 # w8a16 takes recipe 6 in layout "nt" at M <= SM90_STREAM_W8A16_MAX_M where N >= SM90_STREAM_W8A16_MIN_N (>= 112
@@ -426,7 +432,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     (`SM90_STREAM_W8A16_*`, split by the same rule); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
     of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them); with
     `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
-    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8 or 9 (the `SM90_W8A16_MODEL`), or up
+    "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8, 9 or 11 (the `SM90_W8A16_MODEL`), or up
     to M = 256 the weight stream where `SM90_SMALL_PORTABLE_MODEL` prices it lower.
 
     Example
@@ -578,12 +584,12 @@ def _portable_option(m: int, n: int, k: int, pair: str, num_sms: int) -> list:
 
 @functools.lru_cache(maxsize=4096)
 def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
-    """Hopper w8a16's (recipe, split): recipes 7, 8 and 9 by SM90_W8A16_MODEL."""
+    """Hopper w8a16's (recipe, split): recipes 7, 8, 9 and 11 by SM90_W8A16_MODEL."""
     *costs, split_cost = SM90_W8A16_MODEL
     k_tiles = _k_tiles(k, "w8a16")
     splits = [s for s in SM90_SPLITS if s == 1 or k_tiles >= s * SM90_W8A16_MIN_K_TILES]
-    options = [(recipe, stage, unit, fixed, _tiles(m, n, recipe), 1, splits)
-               for recipe, (stage, unit, fixed) in zip((7, 8, 9), (costs[0:3], costs[3:6], costs[6:9]))]
+    options = [(recipe, *costs[3 * i:3 * i + 3], _tiles(m, n, recipe), 1, splits)
+               for i, recipe in enumerate(SM90_W8A16_RECIPES)]
     if m <= SM90_MID_MAX_M:
         options += _portable_option(m, n, k, "w8a16", num_sms)
     return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)[0]

@@ -137,6 +137,7 @@ _RECIPE_FACTS = {
     8: ("sm90 w8a16 wgmma + TMA", 202 * 1024, True),
     9: ("sm90 w8a16 wgmma + TMA", 197 * 1024, True),
     10: ("sm90 wgmma + TMA", 227 * 1024, True),
+    11: ("sm90 w8a16 wgmma + TMA", 197 * 1024, True),
 }
 def _recipe_splits(recipe: int) -> tuple:
     if recipe == 6:

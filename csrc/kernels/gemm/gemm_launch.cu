@@ -19,11 +19,11 @@ namespace {
 // Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe); recipe 6 the
 // Hopper weight stream's blocks of 16 token rows x 64 weight rows (sm90_stream.cuh's Sm90StreamShape); recipes 7, 8
 // and 9 Hopper w8a16's 128, 256 or 64 token rows x 128 weight rows (sm90_w8a16.cuh's Sm90W8a16Shape); recipe 10 the
-// Hopper mainloop's 128 x 192 tile (fp8).
+// Hopper mainloop's 128 x 192 tile (fp8); recipe 11 Hopper w8a16's 192 token rows.
 constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
-                                      gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256, 64, 128};
+                                      gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256, 64, 128, 192};
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
-                                      gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128, 128, 192};
+                                      gemm::RecipeM128N64::kBN, 128, 256, 64, 128, 128, 128, 192, 128};
 
 // Why `t` cannot run the sm_90a kernels (null when it can): `not_cc90` off a compute capability 9.0 GPU, `no_code`
 // where the image holds no sm_90a code for it (a PTX-only image).
@@ -57,15 +57,15 @@ int gemm_k_tile(GemmPair pair) {
 }
 
 const char* gemm_unsupported_on(GemmPair pair, GemmLayout layout, int recipe, const GemmTarget& t) {
-  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 or 10";
+  if (recipe < 0 || recipe >= kGemmRecipes) return "recipe must be 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 or 11";
   if (int(layout) < 0 || int(layout) > 3) return "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt)";
   if (gemm_is_sm90_w8a16(recipe)) {
-    if (layout != GemmLayout::kNT) return "recipes 7-9 (the sm_90a w8a16 kernels) run layout nt only";
-    if (pair != GemmPair::kBf16S8 && pair != GemmPair::kF16S8) return "recipes 7-9 run w8a16 only";
+    if (layout != GemmLayout::kNT) return "recipes 7-9 and 11 (the sm_90a w8a16 kernels) run layout nt only";
+    if (pair != GemmPair::kBf16S8 && pair != GemmPair::kF16S8) return "recipes 7-9 and 11 run w8a16 only";
     return sm90_unsupported(t,
-                            "recipes 7-9 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
+                            "recipes 7-9 and 11 (the sm_90a w8a16 kernels) need a compute capability 9.0 GPU "
                             "(H100 / H200)",
-                            "this image has no sm_90a code for this GPU (recipes 7-9 need it): use recipes 0-3");
+                            "this image has no sm_90a code for this GPU (recipes 7-9 and 11 need it): use recipes 0-3");
   }
   if (recipe == kGemmSm90StreamRecipe) {
     if (layout != GemmLayout::kNT) return "recipe 6 (the sm_90a weight stream) runs layout nt only";

@@ -1,4 +1,4 @@
-// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipes 7, 8 and 9, bf16 and fp16 activations.
+// Instantiation unit: Hopper W8A16 (sm90_w8a16.cuh), recipes 7, 8, 9 and 11, bf16 and fp16 activations.
 #include <atomic>
 
 #include <cuda_runtime.h>
@@ -48,6 +48,7 @@ cudaError_t sm90_launch_w8a16(const GemmParams& p, GemmPair pair, int recipe, cu
   switch (recipe) {
     case kGemmSm90W8a16WideRecipe: return launch_shape<Sm90W8a16Tokens256>(p, pair, stream);
     case kGemmSm90W8a16NarrowRecipe: return launch_shape<Sm90W8a16Tokens64>(p, pair, stream);
+    case kGemmSm90W8a16Tokens192Recipe: return launch_shape<Sm90W8a16Tokens192>(p, pair, stream);
     default: return launch_shape<Sm90W8a16Tokens128>(p, pair, stream);
   }
 }

@@ -33,7 +33,7 @@ cudaError_t sm90_launch_s8(const GemmParams& p, int recipe, cudaStream_t stream)
 // The Hopper weight stream (gemm_sm90_stream.cu): recipe 6 in layout nt, every pair, split_k <= 8 (one cluster);
 // cudaErrorNotSupported where the TMA cannot describe an operand.
 cudaError_t sm90_launch_stream(const GemmParams& p, GemmPair pair, cudaStream_t stream);
-// Hopper W8A16 (gemm_sm90_w8a16.cu): recipe 7, 8 or 9 in layout nt, w8a16 pairs; cudaErrorNotSupported where the TMA
+// Hopper W8A16 (gemm_sm90_w8a16.cu): recipe 7, 8, 9 or 11 in layout nt, w8a16 pairs; cudaErrorNotSupported where the TMA
 // cannot describe an operand.
 cudaError_t sm90_launch_w8a16(const GemmParams& p, GemmPair pair, int recipe, cudaStream_t stream);
 // Whether this image holds sm_90a code for the current device (false on other GPUs and for PTX-only images).

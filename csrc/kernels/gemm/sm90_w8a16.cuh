@@ -1,16 +1,17 @@
-// Recipes 7, 8 and 9: W8A16 on Hopper's wgmma for layout nt (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights).
+// Recipes 7, 8, 9 and 11: W8A16 on Hopper's wgmma for layout nt (a [m][k] bf16 / fp16 activations, b [n][k] int8 weights).
 // wgmma reads its B operand from shared memory only, and int8 is no wgmma type for a 16-bit product, so the roles
 // are swapped: the CTA computes a tile of y^T, the weights are wgmma's A operand, expanded to 16 bits in registers
 // (rs form), and the activations its B operand, straight from the TMA's shared memory.
 //
 // - Warpgroup 0: one producer thread. A stage is 128 weight rows x kBK of K (int8, one box: recipes 7 and 9 128 K
-//   with the 128-byte swizzle, recipe 8 64 K with the 64-byte swizzle) and kTokens token rows x kBK (boxes of 64
-//   values, the 128-byte swizzle); zeros past M, N and K. Recipe 9 is recipe 7 with 64 tokens a CTA (m64n64 wgmma):
-//   at M <= 64 a 128-token wgmma would spend half its work on rows past M.
+//   with the 128-byte swizzle, recipes 8 and 11 64 K with the 64-byte swizzle) and kTokens token rows x kBK (boxes of
+//   64 values, the 128-byte swizzle); zeros past M, N and K. Recipe 9 is recipe 7 with 64 tokens a CTA (m64n64 wgmma):
+//   at M <= 64 a 128-token wgmma would spend half its work on rows past M. Recipe 11 (192 tokens) fills the last wave
+//   where recipe 8's 256-token tiles leave it short (N = 2112: 17 weight tiles).
 // - Warpgroups 1 and 2: each owns 64 weight rows. For each 16 of K a thread needs bytes {2t, 2t+1, 2t+8, 2t+9} of
 //   its rows g and g + 8 (the A fragment): one 16-byte shared load a row (the four lanes of a quad read the same
 //   chunk), byte permutes, then the exact int8 -> 16-bit expansion. A stage's fragments are built, then its wgmma
-//   issued (recipe 8: two of 128 tokens a step, the same fragment); stages alternate between two fragment sets so a
+//   issued (recipe 8: two of 128 tokens a step, recipe 11 three of 64, the same fragment); stages alternate between two fragment sets so a
 //   stage's loads and expansion run while the previous stage's wgmma are in flight.
 // - Epilogue: the ring is reused to stage each warpgroup's y^T tile transposed to y's orientation in fp32, then
 //   copied out 4 columns of a token a thread, scales and bias folded (store_out's arithmetic), or raw fp32 partials
@@ -39,15 +40,19 @@ template <int kTokens_>
 struct Sm90W8a16Shape {
   static constexpr int kRows = 128;          // weight rows a CTA: the wgmma M side, 64 a consumer warpgroup
   static constexpr int kTokens = kTokens_;   // token rows a CTA: the wgmma N side
-  static constexpr int kWgN = kTokens < 128 ? kTokens : 128;  // tokens a wgmma (m64n128, or m64n64 for 64)
+  // Tokens a wgmma: 64 or 128 (m64n64, m64n128); recipes 8 and 11 run two of m64n128 / three of m64n64 on the same
+  // fragment (measured on an H100: one m64n256 a step 5-8% slower than two m64n128, one m64n192 or two m64n96 slower
+  // than three m64n64).
+  static constexpr int kWgN = kTokens == 256 ? 128 : kTokens == 192 ? 64 : kTokens;
   static constexpr int kH = kTokens / kWgN;   // wgmma a k16 step, each on the same A fragment
   static constexpr int kAcc = kWgN / 2;       // fp32 accumulators a thread a wgmma
-  static constexpr int kBK = kTokens == 256 ? 64 : 128;  // K values a stage
+  static constexpr int kBK = kTokens > 128 ? 64 : 128;  // K values a stage
   static constexpr int kSteps = kBK / 16;    // k16 steps a stage
   static constexpr int kWBytes = kRows * kBK;
   static constexpr int kXBoxBytes = kTokens * 128;  // 64 16-bit values of K a token row
   static constexpr int kStageBytes = kWBytes + (kBK / 64) * kXBoxBytes;
-  static constexpr int kStages = kTokens == 64 ? 6 : kTokens == 128 ? 4 : 5;  // 192 KB / 192 KB / 200 KB
+  // 192 KB / 192 KB / 192 KB / 200 KB for 64 / 128 / 192 / 256 tokens
+  static constexpr int kStages = kTokens == 64 ? 6 : kTokens == 128 ? 4 : kTokens == 192 ? 6 : 5;
   static constexpr int kThreads = 384;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment slack */ + 2 * kStages * 8;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -59,6 +64,7 @@ struct Sm90W8a16Shape {
 using Sm90W8a16Tokens128 = Sm90W8a16Shape<128>;  // recipe 7
 using Sm90W8a16Tokens256 = Sm90W8a16Shape<256>;  // recipe 8
 using Sm90W8a16Tokens64 = Sm90W8a16Shape<64>;    // recipe 9
+using Sm90W8a16Tokens192 = Sm90W8a16Shape<192>;  // recipe 11
 
 // The A fragments of one stage (kSteps k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows:
 // a 16-byte shared load a row and step (the quad's four lanes read the same chunk), then one byte permute puts

@@ -68,14 +68,14 @@ def skip_if_blocked(ta):
 def skip_if_no_recipe(recipe, ta, tb):
     """Recipes 4, 5 and 10 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the
     image (recipe 5 not fp8, recipe 10 fp8 only), recipe 6 (the sm_90a weight stream) every pair there, recipes 7-9
-    w8a16 only (test_sm90_recipes_refused and test_sm90_w8a16_refused cover the messages)."""
+    and 11 w8a16 only (test_sm90_recipes_refused and test_sm90_w8a16_refused cover the messages)."""
     if recipe == ops.SM90_STREAM_RECIPE and not ops.sm90_available(torch.device(DEVICE)):
         pytest.skip("recipe 6 needs an sm_90 GPU and sm_90a code in the image")
     if recipe in ops.SM90_W8A16_RECIPES:
         if not ops.sm90_available(torch.device(DEVICE)):
-            pytest.skip("recipes 7-9 need an sm_90 GPU and sm_90a code in the image")
+            pytest.skip("recipes 7-9 and 11 need an sm_90 GPU and sm_90a code in the image")
         if not (tb == torch.int8 and ta in (torch.bfloat16, torch.float16)):
-            pytest.skip("recipes 7-9 run w8a16 only")
+            pytest.skip("recipes 7-9 and 11 run w8a16 only")
     if recipe in ops.SM90_RECIPES:
         if not ops.sm90_available(torch.device(DEVICE)):
             pytest.skip("recipes 4 and 5 need an sm_90 GPU and sm_90a code in the image")
@@ -645,7 +645,7 @@ def test_sm90_w8a16_exact_repeatable_graph(recipe):
 
 
 def test_sm90_w8a16_builtin_plan_and_refusals():
-    """At M > 16 in layout nt the built-in w8a16 plan is recipe 7, 8 or 9 on an H100 / H200 with sm_90a code, or up
+    """At M > 16 in layout nt the built-in w8a16 plan is recipe 7, 8, 9 or 11 on an H100 / H200 with sm_90a code, or up
     to M = 256 the weight stream where its model prices it lower (small weights); other pairs and layouts are refused
     before launch, naming the op and the reason."""
     a16, b8 = operand(torch.bfloat16, (64, 4096)), operand(torch.int8, (4096, 4096))
@@ -656,9 +656,9 @@ def test_sm90_w8a16_builtin_plan_and_refusals():
         return
     assert ops.plan_for(a16, b8, 0, False)[0] in ops.SM90_W8A16_RECIPES
     assert ops.plan_for(a16[:, :256], b8[:96, :256], 0, False)[0] == 2  # a small weight: the weight stream
-    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9 run w8a16 only"):
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9 and 11 run w8a16 only"):
         ops.quant_gemm(a16, operand(torch.bfloat16, (1152, 4096)), plan=(8, 1))
-    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9 .*layout nt only"):
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipes 7-9 and 11 .*layout nt only"):
         ops.quant_gemm(a16, b8.t().contiguous(), b_scale=sb, layout="nn", plan=(9, 1))
 
 
