@@ -125,10 +125,18 @@ HOLDOUT10 = ((2, 5632, 5632), (6, 3328, 9984), (11, 8448, 2816), (14, 1792, 3584
              (185, 4736, 2368), (210, 9984, 4992), (245, 2304, 2304), (275, 1088, 8704), (330, 7424, 1856),
              (450, 3072, 6144), (700, 12800, 1600), (1100, 2112, 4096), (1800, 5888, 2944), (2700, 960, 3840),
              (3800, 2432, 7296), (5600, 6912, 1152), (9500, 2880, 2880), (14000, 1280, 5120), (140, 1003, 2600))
+# Set in the thirty-ninth session after holdout10 was read (it judged recipe 10 for w16a16 / w8a8 as well): the next
+# fresh judge. M from 1 to 15000, a third at 17 <= M <= 300, N a few tiles past a whole wave in several cells.
+HOLDOUT11 = ((3, 7040, 3520), (5, 2432, 12160), (9, 14848, 1856), (13, 1152, 4608), (17, 5504, 2752),
+             (24, 3200, 9600), (29, 8064, 2016), (34, 1664, 1664), (40, 4224, 8448), (48, 11008, 1376),
+             (56, 2176, 6528), (68, 6272, 3136), (82, 1344, 10752), (98, 4608, 1152), (118, 9472, 2368),
+             (145, 2560, 7680), (170, 5888, 5888), (205, 1728, 3456), (235, 12544, 1568), (265, 3968, 7936),
+             (380, 2112, 5120), (520, 8576, 2144), (850, 1600, 6400), (1300, 4864, 3648), (2100, 2112, 9216),
+             (3300, 7808, 1952), (4800, 1216, 4864), (7600, 3456, 3456), (11000, 2624, 2624), (15000, 1920, 6144))
 GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT, "holdout2": HOLDOUT2,
          "holdout3": HOLDOUT3, "train_small": tuple((m, n, k) for n, k in TRAIN_SMALL_NK for m in TRAIN_SMALL_M),
          "holdout4": HOLDOUT4, "holdout5": HOLDOUT5, "holdout6": HOLDOUT6, "holdout7": HOLDOUT7,
-         "holdout8": HOLDOUT8, "holdout9": HOLDOUT9, "holdout10": HOLDOUT10,
+         "holdout8": HOLDOUT8, "holdout9": HOLDOUT9, "holdout10": HOLDOUT10, "holdout11": HOLDOUT11,
          "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
 # A table may not make any holdout shape this much slower than the current chain (issue 21).
 MAX_HOLDOUT_LOSS = 0.02

@@ -675,7 +675,7 @@ std::vector<Case> make_cases(bool small) {
     // The last wave split (split_k 0) on recipes 4 and 10 (fp8) and 5 (bf16), skipped off an H100 / H200: 16 tiles,
     // each in 2 K slices, a broadcast.
     for (const auto& [pi, recipe] : {std::pair<int, int>{0, kGemmFirstSm90Recipe + 1}, {5, kGemmFirstSm90Recipe},
-                                     {5, kGemmSm90Fp8WideRecipe}}) {
+                                     {5, kGemmSm90N192Recipe}}) {
       const std::vector<Case> tail = shapes_for(pi, 0, recipe);
       Case c = tail[tail.size() - 2];
       c.k = 16 * gemm_k_tile(kPairs[pi].pair) + min_aligned_k(kPairs[pi]);

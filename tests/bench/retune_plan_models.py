@@ -15,7 +15,9 @@ recipe 2's timed plans, then the same search (the thirty-seventh session's w8a16
 SM90_MID_MODEL and SM90_MODEL) the same way: a least-squares seed on that recipe's unsplit timed plans, then the
 search over every constant of the three models (fp8's recipe 10 came from it). With --w8a16-recipe R it fits R's
 (stage, unit, fixed) in SM90_W8A16_MODEL the same way (least squares on R's timed plans, every split, then the search
-over every constant of the model at every M it decides; recipe 11 came from it).
+over every constant of the model at every M it decides; recipe 11 came from it). With --n192 PAIR it fits
+`SM90_N192_MODEL[PAIR]` (recipe 10 beside 4 and 5 at M > 256) by least squares on recipe 10's unsplit timed plans, then
+the search over it and SM90_MODEL[PAIR].
 
     PYTHONPATH=. python tests/bench/retune_plan_models.py \\
         --train docs/results/2026-12-04_h200_gemm_sweep_train.json docs/results/2026-12-04_h200_gemm_sweep_train_small.json \\
@@ -173,6 +175,20 @@ def seed_w8a16(cells, recipe: int) -> tuple:
     return tuple(round(max(0.0, float(v)), 3) for v in solution)
 
 
+def seed_n192(cells, pair) -> tuple:
+    """SM90_N192_MODEL[pair]'s (stage, unit): least squares (relative error) of recipe 10's unsplit timed plans at
+    M > SM90_MID_MAX_M on q * (stage * k_tiles + unit), clipped at 0."""
+    rows = []
+    for record, device, times, _ in cells:
+        m, n, k = record["m"], record["n"], record["k"]
+        us = times.get((gemm.SM90_N192_RECIPE, 1))
+        if record["pair"] != pair or m <= gemm.SM90_MID_MAX_M or us is None:
+            continue
+        q = math.ceil(gemm._tiles(m, n, gemm.SM90_N192_RECIPE) / device.num_sms)
+        rows.append([q * gemm._k_tiles(k, pair) / us, q / us])
+    return _least_squares(rows, 2)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", nargs="+", required=True)
@@ -183,6 +199,9 @@ def main(argv=None) -> int:
     parser.add_argument("--wide", metavar="PAIR",
                         help="fit PAIR's wide-tile constants (SM90_WIDE_RECIPE) in the three Hopper mainloop models "
                              "from a least-squares seed, keeping the result")
+    parser.add_argument("--n192", metavar="PAIR",
+                        help="fit SM90_N192_MODEL[PAIR] (recipe 10 at M > 256) from a least-squares seed, then search it "
+                             "and SM90_MODEL[PAIR]")
     parser.add_argument("--w8a16-recipe", type=int, metavar="R",
                         help="fit recipe R's constants in SM90_W8A16_MODEL (least-squares seed, then the search over "
                              "the whole model at every M it decides)")
@@ -201,6 +220,11 @@ def main(argv=None) -> int:
                 values[3:6] = seed_wide(train, pair, band, fixed=True)
             _put(name, pair, values)
             print(f"{name}[{pair!r}] seed {tuple(values)}")
+    if args.n192:
+        gemm.SM90_N192_MODEL[args.n192] = seed_n192(train, args.n192)
+        print(f"SM90_N192_MODEL[{args.n192!r}] seed {gemm.SM90_N192_MODEL[args.n192]}")
+        targets = [("SM90_N192_MODEL", args.n192, (gemm.SM90_MID_MAX_M + 1, 1 << 30)),
+                   ("SM90_MODEL", args.n192, (gemm.SM90_MID_MAX_M + 1, 1 << 30))]
     if args.w8a16_recipe is not None:
         slot = 3 * gemm.SM90_W8A16_RECIPES.index(args.w8a16_recipe)
         values = _get("SM90_W8A16_MODEL", "w8a16")
@@ -224,7 +248,7 @@ def main(argv=None) -> int:
             before = summary(ratios(train, pair, band)), summary(ratios(holdout, pair, band))
             print(f"  without recipe 2: train {before[0]}, holdout {before[1]}")
             continue
-        if args.wide or args.w8a16_recipe is not None:  # kept: the seed is not the installed model to judge against
+        if args.wide or args.w8a16_recipe is not None or args.n192:  # kept: the seed is not the installed model to judge against
             continue
         _put(name, pair, original)  # each target judged alone, against the constants as installed
     return 0

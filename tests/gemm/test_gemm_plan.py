@@ -154,17 +154,19 @@ def test_plan_fits_the_rules():
 
 # --- the Hopper recipes (sm90=True) ---------------------------------------------------------------------------
 
-# (M, N, K, pair) -> the plan at sm90=True on 132 SMs: the SM90_MODEL's least cost, worked from its constants.
+# (M, N, K, pair) -> the plan at sm90=True on 132 SMs: the SM90_MODEL's least cost (with SM90_N192_MODEL's recipe 10
+# for w16a16 / w8a8), worked from its constants.
 SM90_PLAN_TABLE = {
     (128, 4096, 4096, "w16a16"): (4, 4),    # 32 tiles: a split of 4 fills 128 SMs
     (4096, 4096, 4096, "w16a16"): (5, 1),   # 512 units of 128 x 256: 4 a SM
     (4096, 4096, 4096, "fp8"): (4, 1),      # fp8's wide tile is recipe 10 (128 x 192): 704 tiles, priced higher
-    (4096, 7168, 16384, "w8a8"): (5, 1),
-    (256, 2112, 7168, "w8a8"): (4, 0),      # 34 tiles, each in 3 K slices (split 2: 2.5 µs more by the model)
+    (4096, 7168, 16384, "w8a8"): (10, 0),   # 1216 tiles of 128 x 192: 9 whole waves, the last 28 tiles split
+    (256, 2112, 7168, "w8a8"): (10, 0),     # 22 tiles of 128 x 192, each in 6 K slices
     (1024, 24576, 1536, "w16a16"): (5, 1),
     (1024, 2112, 7168, "w16a16"): (4, 0),   # 136 tiles: 132 whole, the last 4 in 14 K slices (split 1: 2 waves)
     (4096, 2112, 7168, "fp8"): (10, 1),     # 352 tiles of 128 x 192 (2.7 waves) beat 544 of recipe 4 split or not
-    (4096, 2112, 7168, "w8a8"): (4, 0),     # 544 tiles: 528 whole, 16 in 7 slices
+    (4096, 2112, 7168, "w8a8"): (10, 1),    # 352 tiles of 128 x 192 (2.7 waves)
+    (4096, 2112, 7168, "w16a16"): (10, 1),  # the same 352 tiles; recipe 5's 288 of 128 x 256 run as 3 waves too
     (4096, 14336, 4096, "w16a16"): (5, 1),  # 1792 tiles: 13.6 waves, the last one's split not worth its partials
 }
 
@@ -172,6 +174,8 @@ SM90_PLAN_TABLE = {
 def _sm90_cost(m, n, k, pair, recipe, split, sms=132):
     stage_4, unit_4, stage_w, unit_w, split_cost = ops.SM90_MODEL[pair]
     stage, unit = (stage_4, unit_4) if recipe == 4 else (stage_w, unit_w)
+    if recipe == 10 and pair in ops.SM90_N192_MODEL:
+        stage, unit = ops.SM90_N192_MODEL[pair]
     k_tiles = -(-k // (64 if pair == "w16a16" else 128))
     tile_n = {4: 128, 5: 256, 10: 192}[recipe]
     tiles = -(-m // 128) * -(-n // tile_n)
@@ -192,7 +196,7 @@ def _sm90_cost(m, n, k, pair, recipe, split, sms=132):
 def test_sm90_plan_table(case):
     m, n, k, pair = case
     wide = ops.SM90_WIDE_RECIPE[pair]
-    recipes = (4,) if ops.SM90_MODEL[pair][2] is None else (4, wide)
+    recipes = ((4,) if ops.SM90_MODEL[pair][2] is None else (4, wide)) + ((10,) if pair in ops.SM90_N192_MODEL else ())
     costs = {(r, s): _sm90_cost(m, n, k, pair, r, s) for r in recipes for s in (1, 2, 4, 8)
              if s == 1 or k // s >= 1024}
     best = min(costs, key=costs.get)
@@ -643,7 +647,7 @@ def test_sm90_few_tiles_above_the_mid_band_may_take_the_weight_stream(pair):
     fills the GPU keeps the large-M model's recipes."""
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True) == (6, 1)
     assert ops.builtin_plan(300, 960, 960, pair, 132, sm90=True, batch_invariant=True)[0] == 4
-    assert ops.builtin_plan(4096, 4096, 4096, pair, 132, sm90=True)[0] in (4, 5)
+    assert ops.builtin_plan(4096, 4096, 4096, pair, 132, sm90=True)[0] in (4, 5, 10)
     assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9, 10, 11)  # no sm_90a code: portable
 
 

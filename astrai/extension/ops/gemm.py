@@ -91,15 +91,16 @@ RECIPES = {
     7: Recipe("sm90_w8a16", 128, 128),
     8: Recipe("sm90_w8a16_wide", 256, 128),
     9: Recipe("sm90_w8a16_narrow", 64, 128),  # M <= 64: m64n64 wgmma, no work on rows past M
-    # 10: the Hopper mainloop's 128 x 192 tile, fp8 only (its widest whose promoted accumulators fit: one set of stage
-    # sums beside them, so a warpgroup's additions wait for its stage's wgmma; the other warpgroup's keep the tensor
-    # cores busy).
+    # 10: the Hopper mainloop's 128 x 192 tile, every pair but w8a16 (fp8's widest whose promoted accumulators fit: one
+    # set of stage sums beside them, so a warpgroup's additions wait for its stage's wgmma; the other warpgroup's keep
+    # the tensor cores busy).
     10: Recipe("sm90_m128n192", 128, 192),
     # 11: Hopper w8a16 as 7-9 with 192 token rows (one m64n192 wgmma a k16 step): 1.5 waves' worth of recipe 8's tiles
     # where 256-token tiles leave the last wave short.
     11: Recipe("sm90_w8a16_m192", 192, 128),
 }
 SM90_RECIPES = (4, 5, 10)  # the wgmma mainloop
+SM90_N192_RECIPE = 10
 # The wide tile a pair's Hopper models price beside recipe 4 (their second recipe's constants): 128 x 256, or 128 x
 # 192 for fp8.
 SM90_WIDE_RECIPE = {"w16a16": 5, "w8a8": 5, "fp8": 10}
@@ -266,6 +267,15 @@ SM90_STREAM_MIN_K_TILES = 8
 SM90_FEW_TILES = 0.5
 SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161, 0.56, 3.015, 1.618),
               "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
+# The 128 x 192 tile (recipe 10) as a third option of SM90_MODEL for the pairs whose wide tile is recipe 5: pair ->
+# (stage_10, unit_10) in SM90_MODEL's form and units (same split cost). It fills the last wave where 256-column tiles
+# leave it short (N = 2112: 8.25 tiles of 256, 11 of 192), and for w8a8 where the 256-column tile's s32 epilogue runs
+# long. A pair not listed never takes it at M > SM90_MID_MAX_M. Thirty-ninth session, H100 sweeps at M > 256 with
+# recipe 10 timed (`retune_plan_models.py --n192 PAIR`: least squares on its unsplit plans over train and holdouts 5-7;
+# w16a16 then the coordinate search over these two, w8a8 the seed alone, each what judged best): on holdouts 8-10
+# (not fitted) w16a16 6.75% -> 1.19% geomean regret at M > 256 (worst 1.53x -> 1.14x), w8a8 10.21% -> 1.45% (1.45x
+# -> 1.12x); it was the best plan timed on 37 of those 64 cells.
+SM90_N192_MODEL: dict = {"w16a16": (0.538, 3.372), "w8a8": (0.503, 3.866)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
 # never picks recipes 4-10 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = gemm_plan.PORTABLE_KNOB
@@ -598,10 +608,13 @@ def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=4096)
 def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int, tail: bool = True) -> tuple[int, int]:
     """The Hopper mainloop's (recipe, split): recipe 4 and the pair's wide tile (SM90_WIDE_RECIPE: 5, fp8 10) by
-    SM90_MODEL[pair], with the last wave split (TAIL_SPLIT) where the model prices it lower (`tail=False`: never)."""
+    SM90_MODEL[pair], and recipe 10 by SM90_N192_MODEL where the pair has it, with the last wave split (TAIL_SPLIT)
+    where the model prices it lower (`tail=False`: never)."""
     stage_4, unit_4, stage_w, unit_w, split_cost = SM90_MODEL[pair]
-    return _least_cost_plan(m, n, k, pair, num_sms, ((4, stage_4, unit_4), (SM90_WIDE_RECIPE[pair], stage_w, unit_w)),
-                            split_cost, tail=tail)
+    recipes = ((4, stage_4, unit_4), (SM90_WIDE_RECIPE[pair], stage_w, unit_w))
+    if pair in SM90_N192_MODEL:
+        recipes += ((SM90_N192_RECIPE, *SM90_N192_MODEL[pair]),)
+    return _least_cost_plan(m, n, k, pair, num_sms, recipes, split_cost, tail=tail)
 
 
 @functools.lru_cache(maxsize=None)

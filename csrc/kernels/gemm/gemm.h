@@ -14,19 +14,19 @@ namespace astrai {
 // and 5 the Hopper wgmma + TMA mainloop (sm_90 GPUs with sm_90a code in the image, layout nt, every pair but w8a16),
 // 6 the Hopper weight stream (same devices and layout, every pair; small M), 7, 8 and 9 Hopper w8a16 on wgmma (same
 // devices and layout, w8a16 only; 128 weight rows x 128, 256 or 64 tokens), 10 the Hopper mainloop's 128 x 192 tile
-// (same devices and layout, fp8 only: its widest tile whose promoted accumulators fit), 11 Hopper w8a16 with 192 tokens
-// (as 7-9).
+// (same devices and layout, every pair but w8a16; fp8's widest tile, whose promoted accumulators fit), 11 Hopper w8a16
+// with 192 tokens (as 7-9).
 constexpr int kGemmRecipes = 12;
 constexpr int kGemmFirstSm90Recipe = 4;
 constexpr int kGemmSm90StreamRecipe = 6;
 constexpr int kGemmSm90W8a16Recipe = 7;
 constexpr int kGemmSm90W8a16WideRecipe = 8;
 constexpr int kGemmSm90W8a16NarrowRecipe = 9;
-constexpr int kGemmSm90Fp8WideRecipe = 10;
+constexpr int kGemmSm90N192Recipe = 10;
 constexpr int kGemmSm90W8a16Tokens192Recipe = 11;
-// The Hopper mainloop (sm90_gemm.cuh): 128 x 128, 128 x 256 and (fp8) 128 x 192 tiles; split_k 0 runs on these.
+// The Hopper mainloop (sm90_gemm.cuh): 128 x 128, 128 x 256 (not fp8) and 128 x 192 tiles; split_k 0 runs on these.
 constexpr bool gemm_is_sm90_mainloop(int recipe) {
-  return recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1 || recipe == kGemmSm90Fp8WideRecipe;
+  return recipe == kGemmFirstSm90Recipe || recipe == kGemmFirstSm90Recipe + 1 || recipe == kGemmSm90N192Recipe;
 }
 constexpr bool gemm_is_sm90_w8a16(int recipe) {
   return recipe == kGemmSm90W8a16Recipe || recipe == kGemmSm90W8a16WideRecipe || recipe == kGemmSm90W8a16NarrowRecipe ||

@@ -19,7 +19,7 @@ namespace {
 // Recipes 4 and 5 are the Hopper mainloop's 128 x 128 and 128 x 256 tiles (sm90_gemm.cuh's Sm90Recipe); recipe 6 the
 // Hopper weight stream's blocks of 16 token rows x 64 weight rows (sm90_stream.cuh's Sm90StreamShape); recipes 7, 8
 // and 9 Hopper w8a16's 128, 256 or 64 token rows x 128 weight rows (sm90_w8a16.cuh's Sm90W8a16Shape); recipe 10 the
-// Hopper mainloop's 128 x 192 tile (fp8); recipe 11 Hopper w8a16's 192 token rows.
+// Hopper mainloop's 128 x 192 tile; recipe 11 Hopper w8a16's 192 token rows.
 constexpr int kTileM[kGemmRecipes] = {gemm::RecipeM128N128::kBM, gemm::RecipeM64N128::kBM, gemm::RecipeM16N64::kBM,
                                       gemm::RecipeM128N64::kBM, 128, 128, 16, 128, 256, 64, 128, 192};
 constexpr int kTileN[kGemmRecipes] = {gemm::RecipeM128N128::kBN, gemm::RecipeM64N128::kBN, gemm::RecipeM16N64::kBN,
@@ -72,9 +72,10 @@ const char* gemm_unsupported_on(GemmPair pair, GemmLayout layout, int recipe, co
     return sm90_unsupported(t, "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipe 6 needs it): use recipe 2");
   }
-  if (recipe == kGemmSm90Fp8WideRecipe) {
+  if (recipe == kGemmSm90N192Recipe) {
     if (layout != GemmLayout::kNT) return "recipe 10 (the sm_90a 128 x 192 tile) runs layout nt only";
-    if (!is_fp8(pair)) return "recipe 10 (the sm_90a 128 x 192 tile) runs fp8 only: use recipe 4 or 5";
+    if (pair == GemmPair::kBf16S8 || pair == GemmPair::kF16S8)
+      return "recipe 10 (the sm_90a 128 x 192 tile) has no w8a16 kernel: use recipes 7-9 and 11";
     return sm90_unsupported(t, "recipe 10 (the sm_90a 128 x 192 tile) needs a compute capability 9.0 GPU (H100 / H200)",
                             "this image has no sm_90a code for this GPU (recipe 10 needs it): use recipes 0-3");
   }

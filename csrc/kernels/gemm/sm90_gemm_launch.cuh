@@ -126,14 +126,16 @@ cudaError_t sm90_launch_recipe(const GemmParams& p, cudaStream_t stream) {
 }
 
 // Recipe 4 (128 x 128), 5 (128 x 256) or 10 (128 x 192) of one pair. The fp8 pairs have 4 and 10: their promoted
-// accumulators (twice the registers) do not fit a 256-column tile; the others have 4 and 5.
+// accumulators (twice the registers) do not fit a 256-column tile; the others have all three (10 fills the last wave
+// where 256-column tiles leave it short, N = 2112).
 template <GemmPair kPair>
 cudaError_t sm90_launch_pair(const GemmParams& p, int recipe, cudaStream_t stream) {
   if (recipe == kGemmFirstSm90Recipe) return sm90_launch_recipe<kPair, Sm90RecipeN128>(p, stream);
   if constexpr (Sm90Pair<kPair>::kPromote) {
-    return recipe == kGemmSm90Fp8WideRecipe ? sm90_launch_recipe<kPair, Sm90RecipeN192>(p, stream)
+    return recipe == kGemmSm90N192Recipe ? sm90_launch_recipe<kPair, Sm90RecipeN192>(p, stream)
                                             : cudaErrorInvalidValue;
   } else {
+    if (recipe == kGemmSm90N192Recipe) return sm90_launch_recipe<kPair, Sm90RecipeN192>(p, stream);
     return recipe == kGemmFirstSm90Recipe + 1 ? sm90_launch_recipe<kPair, Sm90RecipeN256>(p, stream)
                                               : cudaErrorInvalidValue;
   }

@@ -67,7 +67,7 @@ def skip_if_blocked(ta):
 
 def skip_if_no_recipe(recipe, ta, tb):
     """Recipes 4, 5 and 10 (the sm_90a mainloop) run every pair but w8a16 on an sm_90 GPU with sm_90a code in the
-    image (recipe 5 not fp8, recipe 10 fp8 only), recipe 6 (the sm_90a weight stream) every pair there, recipes 7-9
+    image (recipe 5 not fp8), recipe 6 (the sm_90a weight stream) every pair there, recipes 7-9
     and 11 w8a16 only (test_sm90_recipes_refused and test_sm90_w8a16_refused cover the messages)."""
     if recipe == ops.SM90_STREAM_RECIPE and not ops.sm90_available(torch.device(DEVICE)):
         pytest.skip("recipe 6 needs an sm_90 GPU and sm_90a code in the image")
@@ -83,8 +83,6 @@ def skip_if_no_recipe(recipe, ta, tb):
             pytest.skip("recipes 4 and 5 have no w8a16 kernel")
         if recipe == 5 and ta in (E4, E5):
             pytest.skip("recipe 5 has no fp8 kernel")
-        if recipe == 10 and ta not in (E4, E5):
-            pytest.skip("recipe 10 runs fp8 only")
 
 
 def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -487,8 +485,8 @@ def test_sm90_recipes_refused():
         ops.quant_gemm(a16, b16.t().contiguous(), layout="nn", plan=(4, 1))
     with pytest.raises(RuntimeError, match="astrai.quant_gemm: .*recipe 5 .*no fp8 kernel"):
         ops.quant_gemm(a16.to(E4), b16.to(E4), plan=(5, 1))
-    with pytest.raises(RuntimeError, match="astrai.quant_gemm: recipe 10 .*runs fp8 only"):
-        ops.quant_gemm(a16, b16, plan=(10, 1))
+    with pytest.raises(RuntimeError, match="astrai.quant_gemm: recipe 10 .*no w8a16 kernel"):
+        ops.quant_gemm(a16, b8, b_scale=sb, plan=(10, 1))
 
 
 # (M, N, K): recipe 10's 192-column tiles with a 16-bit output end on half a staged chunk (64 columns): N a multiple of
@@ -515,6 +513,32 @@ def test_sm90_fp8_wide_tile_epilogue(case, out_dtype):
     assert torch.isfinite(out).all() and rel_error(out, want) < bound, rel_error(out, want)
     narrow = ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out_dtype=out_dtype, plan=(4, 1))
     assert_bitwise_equal(out, narrow, "recipe 10 vs recipe 4")
+
+
+@pytest.mark.parametrize("pair", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                  (torch.int8, torch.int8)], ids=["bf16", "f16", "s8"])
+@pytest.mark.parametrize("case", WIDE_FP8_CASES, ids=lambda c: "M{}-N{}-K{}".format(*c))
+def test_sm90_wide_tile_16bit_and_s8(pair, case):
+    """Recipe 10 (128 x 192) for the 16-bit and int8 pairs: scales (int8) and bias into a poisoned output of each
+    16-bit / fp32 type against float64; int8 small integers to int32 exactly, equal to recipe 4's."""
+    ta, tb = pair
+    skip_if_no_recipe(10, ta, tb)
+    m, n, k = case
+    a, b = operand(ta, (m, k)), operand(tb, (n, k))
+    sa, sb = scales_for(ta, tb, m, n)
+    if sa is not None:
+        sa = sa / 1024  # int8 sums reach ~1e6 at K = 4096: keep the fp16 output in range
+    bias = torch.randn(n, device=DEVICE)
+    want = reference(a, b, a_scale=sa, b_scale=sb, bias=bias)
+    for out_dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 1e-2)):
+        out = torch.full((m, n), float("nan"), device=DEVICE, dtype=out_dtype)
+        ops.quant_gemm(a, b, a_scale=sa, b_scale=sb, bias=bias, out=out, plan=(10, 1))
+        assert torch.isfinite(out).all() and rel_error(out, want) < bound, (out_dtype, rel_error(out, want))
+    if ta == torch.int8:
+        ai, bi = operand(ta, (m, k), small=True), operand(tb, (n, k), small=True)
+        y = ops.quant_gemm(ai, bi, out_dtype=torch.int32, plan=(10, 1))
+        assert torch.equal(y.double(), reference(ai, bi))
+        assert_bitwise_equal(y, ops.quant_gemm(ai, bi, out_dtype=torch.int32, plan=(4, 1)), "recipe 10 vs recipe 4")
 
 
 # --- recipe 6: the sm_90a weight stream ---------------------------------------------------------------------------
