@@ -269,12 +269,14 @@ SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161
               "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
 # The 128 x 192 tile (recipe 10) as a third option of SM90_MODEL for the pairs whose wide tile is recipe 5: pair ->
 # (stage_10, unit_10) in SM90_MODEL's form and units (same split cost). It fills the last wave where 256-column tiles
-# leave it short (N = 2112: 8.25 tiles of 256, 11 of 192), and for w8a8 where the 256-column tile's s32 epilogue runs
-# long. A pair not listed never takes it at M > SM90_MID_MAX_M. Thirty-ninth session, H100 sweeps at M > 256 with
-# recipe 10 timed (`retune_plan_models.py --n192 PAIR`: least squares on its unsplit plans over train and holdouts 5-7;
-# w16a16 then the coordinate search over these two, w8a8 the seed alone, each what judged best): on holdouts 8-10
-# (not fitted) w16a16 6.75% -> 1.19% geomean regret at M > 256 (worst 1.53x -> 1.14x), w8a8 10.21% -> 1.45% (1.45x
-# -> 1.12x); it was the best plan timed on 37 of those 64 cells.
+# leave it short (N = 2112: 8.25 tiles of 256, 11 of 192), and w8a8's s32 tile of 128 x 256 is slower than it on most
+# shapes. A pair not listed never takes it at M > SM90_MID_MAX_M (explicit plans and the autotuner still run it).
+# Thirty-ninth session, H100 sweeps at M > 256 with recipe 10 timed (`retune_plan_models.py --n192 PAIR`: least squares
+# on its unsplit plans over train and holdouts 5-7; w16a16 then the coordinate search over its two, w8a8 the seed
+# alone, each what judged best): on holdouts 8-10 (not fitted) w16a16 6.75% -> 1.19% geomean regret at M > 256 (worst
+# 1.53x -> 1.14x), w8a8 10.21% -> 1.45% (1.45x -> 1.12x). Timed again in one process both as the bench does and as
+# the sweep does (docs/benchmarks.md): w8a8 recipe 10 at 0.67-0.87x recipe 5's time on 10 of 14 cells, 1.03x at
+# M = N = K = 4096 (where this model takes it).
 SM90_N192_MODEL: dict = {"w16a16": (0.538, 3.372), "w8a8": (0.503, 3.866)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
 # never picks recipes 4-10 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.

@@ -95,7 +95,7 @@ struct Sm90Recipe {
   static constexpr int kGroupM = 16;  // raster: 16 tiles of M walk N together (L2 reuse of a and b)
 };
 using Sm90RecipeN128 = Sm90Recipe<128>;
-using Sm90RecipeN192 = Sm90Recipe<192>;  // fp8's wide tile (recipe 10)
+using Sm90RecipeN192 = Sm90Recipe<192>;  // recipe 10: fp8's wide tile, a third tile for the other pairs
 using Sm90RecipeN256 = Sm90Recipe<256>;
 static_assert(Sm90RecipeN128::kSmemBytes <= 227 * 1024 && Sm90RecipeN192::kSmemBytes <= 227 * 1024 &&
                   Sm90RecipeN256::kSmemBytes <= 227 * 1024,
