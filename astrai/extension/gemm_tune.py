@@ -133,10 +133,18 @@ HOLDOUT11 = ((3, 7040, 3520), (5, 2432, 12160), (9, 14848, 1856), (13, 1152, 460
              (145, 2560, 7680), (170, 5888, 5888), (205, 1728, 3456), (235, 12544, 1568), (265, 3968, 7936),
              (380, 2112, 5120), (520, 8576, 2144), (850, 1600, 6400), (1300, 4864, 3648), (2100, 2112, 9216),
              (3300, 7808, 1952), (4800, 1216, 4864), (7600, 3456, 3456), (11000, 2624, 2624), (15000, 1920, 6144))
+# Set in the thirty-ninth session after holdout11 was read, before recipe 10 entered the mid band (M 65-256) of w16a16
+# and w8a8: its judge. M from 1 to 13000, half at 17 <= M <= 300.
+HOLDOUT12 = ((4, 6528, 3264), (8, 1856, 7424), (15, 9984, 2496), (21, 3712, 3712), (27, 1280, 10240),
+             (36, 7168, 1792), (45, 2880, 5760), (53, 10496, 2624), (63, 1600, 3200), (70, 4992, 4992),
+             (86, 2240, 8960), (101, 8320, 2080), (124, 1472, 5888), (150, 6144, 3072), (178, 3328, 6656),
+             (196, 11264, 1408), (220, 1856, 4672), (250, 5120, 2560), (270, 2752, 8256), (296, 896, 3584),
+             (420, 9088, 2272), (640, 2112, 6144), (960, 4160, 4160), (1500, 1408, 11264), (2300, 6656, 1664),
+             (3400, 2048, 5120), (5000, 3584, 2688), (7000, 1152, 9216), (9800, 5248, 1312), (13000, 2304, 3456))
 GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT, "holdout2": HOLDOUT2,
          "holdout3": HOLDOUT3, "train_small": tuple((m, n, k) for n, k in TRAIN_SMALL_NK for m in TRAIN_SMALL_M),
          "holdout4": HOLDOUT4, "holdout5": HOLDOUT5, "holdout6": HOLDOUT6, "holdout7": HOLDOUT7,
-         "holdout8": HOLDOUT8, "holdout9": HOLDOUT9, "holdout10": HOLDOUT10, "holdout11": HOLDOUT11,
+         "holdout8": HOLDOUT8, "holdout9": HOLDOUT9, "holdout10": HOLDOUT10, "holdout11": HOLDOUT11, "holdout12": HOLDOUT12,
          "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
 # A table may not make any holdout shape this much slower than the current chain (issue 21).
 MAX_HOLDOUT_LOSS = 0.02

@@ -189,6 +189,25 @@ def seed_n192(cells, pair) -> tuple:
     return _least_squares(rows, 2)
 
 
+def seed_mid_n192(cells, pair) -> tuple:
+    """SM90_MID_N192_MODEL[pair]'s (stage, unit, fixed): least squares (relative error) of recipe 10's timed plans, every
+    split, at SM90_MIN_M < M <= SM90_MID_MAX_M on SM90_MID_MODEL's form with its split cost taken off, clipped at 0."""
+    split_cost = gemm.SM90_MID_MODEL[pair][-1]
+    rows, rhs = [], []
+    for record, device, times, _ in cells:
+        m, n, k = record["m"], record["n"], record["k"]
+        if record["pair"] != pair or not gemm.SM90_MIN_M < m <= gemm.SM90_MID_MAX_M:
+            continue
+        k_tiles, tiles = gemm._k_tiles(k, pair), gemm._tiles(m, n, gemm.SM90_N192_RECIPE)
+        for (r, split), us in times.items():
+            if r == gemm.SM90_N192_RECIPE and split >= 1:
+                q = math.ceil(tiles * split / device.num_sms)
+                rows.append([q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us])
+                rhs.append(1.0 - (split_cost * m * n * split / 1e6 if split > 1 else 0.0) / us)
+    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.array(rhs), rcond=None)[0]
+    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train", nargs="+", required=True)
@@ -202,6 +221,9 @@ def main(argv=None) -> int:
     parser.add_argument("--n192", metavar="PAIR",
                         help="fit SM90_N192_MODEL[PAIR] (recipe 10 at M > 256) from a least-squares seed, then search it "
                              "and SM90_MODEL[PAIR]")
+    parser.add_argument("--mid-n192", metavar="PAIR",
+                        help="fit SM90_MID_N192_MODEL[PAIR] (recipe 10 at 64 < M <= 256) from a least-squares seed, then "
+                             "search it")
     parser.add_argument("--w8a16-recipe", type=int, metavar="R",
                         help="fit recipe R's constants in SM90_W8A16_MODEL (least-squares seed, then the search over "
                              "the whole model at every M it decides)")
@@ -225,6 +247,10 @@ def main(argv=None) -> int:
         print(f"SM90_N192_MODEL[{args.n192!r}] seed {gemm.SM90_N192_MODEL[args.n192]}")
         targets = [("SM90_N192_MODEL", args.n192, (gemm.SM90_MID_MAX_M + 1, 1 << 30)),
                    ("SM90_MODEL", args.n192, (gemm.SM90_MID_MAX_M + 1, 1 << 30))]
+    if args.mid_n192:
+        gemm.SM90_MID_N192_MODEL[args.mid_n192] = seed_mid_n192(train, args.mid_n192)
+        print(f"SM90_MID_N192_MODEL[{args.mid_n192!r}] seed {gemm.SM90_MID_N192_MODEL[args.mid_n192]}")
+        targets = [("SM90_MID_N192_MODEL", args.mid_n192, (gemm.SM90_MIN_M + 1, gemm.SM90_MID_MAX_M))]
     if args.w8a16_recipe is not None:
         slot = 3 * gemm.SM90_W8A16_RECIPES.index(args.w8a16_recipe)
         values = _get("SM90_W8A16_MODEL", "w8a16")
@@ -248,7 +274,7 @@ def main(argv=None) -> int:
             before = summary(ratios(train, pair, band)), summary(ratios(holdout, pair, band))
             print(f"  without recipe 2: train {before[0]}, holdout {before[1]}")
             continue
-        if args.wide or args.w8a16_recipe is not None or args.n192:  # kept: the seed is not the installed model to judge against
+        if args.wide or args.w8a16_recipe is not None or args.n192 or args.mid_n192:  # kept: the seed is not the installed model to judge against
             continue
         _put(name, pair, original)  # each target judged alone, against the constants as installed
     return 0

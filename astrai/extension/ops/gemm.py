@@ -278,6 +278,12 @@ SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161
 # the sweep does (docs/benchmarks.md): w8a8 recipe 10 at 0.67-0.87x recipe 5's time on 10 of 14 cells, 1.03x at
 # M = N = K = 4096 (where this model takes it).
 SM90_N192_MODEL: dict = {"w16a16": (0.538, 3.372), "w8a8": (0.503, 3.866)}
+# Recipe 10 in SM90_MID_MODEL's band (SM90_MIN_M < M <= SM90_MID_MAX_M) for the same pairs: pair -> (stage, unit,
+# fixed) in that model's form, a fourth option beside its recipes 4, 5 and 6. A pair not listed never takes it there.
+# Thirty-ninth session: least squares on recipe 10's timed plans (every split) over H100 sweeps of train_small and
+# holdouts 5-11 at 64 < M <= 256 (`retune_plan_models.py --mid-n192 PAIR`; the search after it judged no better): on
+# holdout12 (fresh, not fitted; 9 cells a pair in the band) w16a16 9.28% -> 3.83% geomean regret, w8a8 2.42% -> 1.61%.
+SM90_MID_N192_MODEL: dict = {"w16a16": (0.448, 4.387, 7.009), "w8a8": (0.496, 1.981, 8.915)}
 # ASTRAI_GEMM_PORTABLE=1 (read once per process, as a seed of gemm_plan.set_staging(tma=False)): the plan chain
 # never picks recipes 4-10 (the portable kernels on an H100 / H200, for comparison); explicit plans still run them.
 PORTABLE_KNOB = gemm_plan.PORTABLE_KNOB
@@ -578,6 +584,10 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
                       if s == 1 or k // s >= MIN_K_PER_SPLIT or (s == 2 and k // 2 >= SM90_SMALL_SPLIT2_MIN_K)]
             units, ctas = _tiles(m, n, recipe), 1
         options.append((recipe, stage, unit, fixed, units, ctas, splits))
+    if m > SM90_MIN_M and pair in SM90_MID_N192_MODEL:
+        splits = [s for s in SM90_SMALL_SPLITS
+                  if s == 1 or k // s >= MIN_K_PER_SPLIT or (s == 2 and k // 2 >= SM90_SMALL_SPLIT2_MIN_K)]
+        options.append((SM90_N192_RECIPE, *SM90_MID_N192_MODEL[pair], _tiles(m, n, SM90_N192_RECIPE), 1, splits))
     options += _portable_option(m, n, k, pair, num_sms)
     return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)[0]
 
