@@ -95,8 +95,8 @@ RECIPES = {
     # set of stage sums beside them, so a warpgroup's additions wait for its stage's wgmma; the other warpgroup's keep
     # the tensor cores busy).
     10: Recipe("sm90_m128n192", 128, 192),
-    # 11: Hopper w8a16 as 7-9 with 192 token rows (one m64n192 wgmma a k16 step): 1.5 waves' worth of recipe 8's tiles
-    # where 256-token tiles leave the last wave short.
+    # 11: Hopper w8a16 as 7-9 with 192 token rows (three m64n64 wgmma a k16 step on one fragment): fills the last wave
+    # where recipe 8's 256-token tiles leave it short (N = 2112).
     11: Recipe("sm90_w8a16_m192", 192, 128),
 }
 SM90_RECIPES = (4, 5, 10)  # the wgmma mainloop
