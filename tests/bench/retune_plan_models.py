@@ -117,11 +117,13 @@ def retune(name, pair, band, train, rounds: int = 6) -> list:
     return values
 
 
-def _least_squares(rows: list, width: int) -> tuple:
-    """Constants c (>= 0, 3 decimals) with rows . c ~= 1: each row is one timed plan's terms over its time."""
+def _least_squares(rows: list, width: int, rhs: list | None = None) -> tuple:
+    """Constants c (>= 0, 3 decimals) with rows . c ~= rhs (default 1): each row is one timed plan's terms over its
+    time."""
     if not rows:
         return (0.0,) * width
-    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.ones(len(rows)), rcond=None)[0]
+    target = numpy.ones(len(rows)) if rhs is None else numpy.array(rhs)
+    solution = numpy.linalg.lstsq(numpy.array(rows), target, rcond=None)[0]
     return tuple(round(max(0.0, float(v)), 3) for v in solution)
 
 
@@ -156,23 +158,26 @@ def seed_wide(cells, pair, band, fixed: bool) -> tuple:
     return _least_squares(rows, 3 if fixed else 2)
 
 
-def seed_w8a16(cells, recipe: int) -> tuple:
-    """SM90_W8A16_MODEL's (stage, unit, fixed) for `recipe`: least squares (relative error) of its timed plans, every
-    split, on q * (stage * ceil(k_tiles / s) + unit) + fixed with the model's split cost taken off, clipped at 0."""
-    split_cost = gemm.SM90_W8A16_MODEL[-1]
+def _seed_every_split(cells, pair: str, recipe: int, band, split_cost: float) -> tuple:
+    """(stage, unit, fixed) for `recipe` in a model of the `_cheapest_plan` form: least squares (relative error) of its
+    timed plans, every split, at band[0] <= M <= band[1], with the model's split cost taken off, clipped at 0."""
     rows, rhs = [], []
     for record, device, times, _ in cells:
         m, n, k = record["m"], record["n"], record["k"]
-        if record["pair"] != "w8a16":
+        if record["pair"] != pair or not band[0] <= m <= band[1]:
             continue
-        k_tiles, tiles = gemm._k_tiles(k, "w8a16"), gemm._tiles(m, n, recipe)
+        k_tiles, tiles = gemm._k_tiles(k, pair), gemm._tiles(m, n, recipe)
         for (r, split), us in times.items():
-            if r == recipe:
+            if r == recipe and split >= 1:
                 q = math.ceil(tiles * split / device.num_sms)
                 rows.append([q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us])
                 rhs.append(1.0 - (split_cost * m * n * split / 1e6 if split > 1 else 0.0) / us)
-    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.array(rhs), rcond=None)[0]
-    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+    return _least_squares(rows, 3, rhs)
+
+
+def seed_w8a16(cells, recipe: int) -> tuple:
+    """SM90_W8A16_MODEL's (stage, unit, fixed) for `recipe`, at every M it decides."""
+    return _seed_every_split(cells, "w8a16", recipe, (0, 1 << 30), gemm.SM90_W8A16_MODEL[-1])
 
 
 def seed_n192(cells, pair) -> tuple:
@@ -190,22 +195,9 @@ def seed_n192(cells, pair) -> tuple:
 
 
 def seed_mid_n192(cells, pair) -> tuple:
-    """SM90_MID_N192_MODEL[pair]'s (stage, unit, fixed): least squares (relative error) of recipe 10's timed plans, every
-    split, at SM90_MIN_M < M <= SM90_MID_MAX_M on SM90_MID_MODEL's form with its split cost taken off, clipped at 0."""
-    split_cost = gemm.SM90_MID_MODEL[pair][-1]
-    rows, rhs = [], []
-    for record, device, times, _ in cells:
-        m, n, k = record["m"], record["n"], record["k"]
-        if record["pair"] != pair or not gemm.SM90_MIN_M < m <= gemm.SM90_MID_MAX_M:
-            continue
-        k_tiles, tiles = gemm._k_tiles(k, pair), gemm._tiles(m, n, gemm.SM90_N192_RECIPE)
-        for (r, split), us in times.items():
-            if r == gemm.SM90_N192_RECIPE and split >= 1:
-                q = math.ceil(tiles * split / device.num_sms)
-                rows.append([q * math.ceil(k_tiles / split) / us, q / us, 1.0 / us])
-                rhs.append(1.0 - (split_cost * m * n * split / 1e6 if split > 1 else 0.0) / us)
-    solution = numpy.linalg.lstsq(numpy.array(rows), numpy.array(rhs), rcond=None)[0]
-    return tuple(round(max(0.0, float(v)), 3) for v in solution)
+    """SM90_MID_N192_MODEL[pair]'s (stage, unit, fixed) at SM90_MIN_M < M <= SM90_MID_MAX_M, SM90_MID_MODEL's form."""
+    return _seed_every_split(cells, pair, gemm.SM90_N192_RECIPE, (gemm.SM90_MIN_M + 1, gemm.SM90_MID_MAX_M),
+                             gemm.SM90_MID_MODEL[pair][-1])
 
 
 def main(argv=None) -> int:

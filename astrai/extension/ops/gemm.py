@@ -571,6 +571,8 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
     (M <= SM90_MIN_M) or SM90_MID_MODEL."""
     *costs, split_cost = (SM90_SMALL_MODEL if m <= SM90_MIN_M else SM90_MID_MODEL)[pair]
     k_tiles = _k_tiles(k, pair)
+    tile_splits = [s for s in SM90_SMALL_SPLITS
+                   if s == 1 or k // s >= MIN_K_PER_SPLIT or (s == 2 and k // 2 >= SM90_SMALL_SPLIT2_MIN_K)]
     options = []
     for recipe, (stage, unit, fixed) in zip((4, SM90_WIDE_RECIPE[pair], 6), (costs[0:3], costs[3:6], costs[6:9])):
         if stage is None:
@@ -580,14 +582,10 @@ def _sm90_small_plan(m: int, n: int, k: int, pair: str, num_sms: int) -> tuple[i
                       (s == 1 or k_tiles >= s * SM90_STREAM_MIN_K_TILES)]
             units, ctas = math.ceil(n / SM90_STREAM_ROWS) * math.ceil(m / 16), SM90_STREAM_FIT_CTAS
         else:
-            splits = [s for s in SM90_SMALL_SPLITS
-                      if s == 1 or k // s >= MIN_K_PER_SPLIT or (s == 2 and k // 2 >= SM90_SMALL_SPLIT2_MIN_K)]
-            units, ctas = _tiles(m, n, recipe), 1
+            splits, units, ctas = tile_splits, _tiles(m, n, recipe), 1
         options.append((recipe, stage, unit, fixed, units, ctas, splits))
     if m > SM90_MIN_M and pair in SM90_MID_N192_MODEL:
-        splits = [s for s in SM90_SMALL_SPLITS
-                  if s == 1 or k // s >= MIN_K_PER_SPLIT or (s == 2 and k // 2 >= SM90_SMALL_SPLIT2_MIN_K)]
-        options.append((SM90_N192_RECIPE, *SM90_MID_N192_MODEL[pair], _tiles(m, n, SM90_N192_RECIPE), 1, splits))
+        options.append((SM90_N192_RECIPE, *SM90_MID_N192_MODEL[pair], _tiles(m, n, SM90_N192_RECIPE), 1, tile_splits))
     options += _portable_option(m, n, k, pair, num_sms)
     return _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)[0]
 
