@@ -141,11 +141,19 @@ HOLDOUT12 = ((4, 6528, 3264), (8, 1856, 7424), (15, 9984, 2496), (21, 3712, 3712
              (196, 11264, 1408), (220, 1856, 4672), (250, 5120, 2560), (270, 2752, 8256), (296, 896, 3584),
              (420, 9088, 2272), (640, 2112, 6144), (960, 4160, 4160), (1500, 1408, 11264), (2300, 6656, 1664),
              (3400, 2048, 5120), (5000, 3584, 2688), (7000, 1152, 9216), (9800, 5248, 1312), (13000, 2304, 3456))
+# Set in the fortieth session (w8a16's last wave split) after holdouts 11 and 12 had judged it: the next fresh judge.
+# M from 2 to 16000, a third at 17 <= M <= 300; N a few tiles past a whole wave in several cells (2112, 4480, 1152).
+HOLDOUT13 = ((2, 4864, 9728), (7, 11520, 2880), (12, 2688, 2688), (16, 6400, 1600), (19, 1408, 7040),
+             (28, 8960, 4480), (33, 3456, 1728), (39, 1920, 11520), (47, 13312, 1664), (60, 2944, 5888),
+             (77, 7552, 3776), (91, 1216, 2432), (109, 4480, 8960), (131, 2112, 3520), (158, 10240, 2560),
+             (189, 1792, 8064), (214, 6016, 1504), (241, 3072, 9216), (288, 1536, 3072), (350, 4480, 4480),
+             (480, 1152, 10368), (760, 6784, 2176), (1200, 2112, 7040), (1700, 3840, 1920), (2600, 1344, 5376),
+             (3600, 4480, 2880), (5300, 2112, 4224), (7300, 5760, 1440), (10500, 1024, 8192), (16000, 2816, 2816))
 GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT, "holdout2": HOLDOUT2,
          "holdout3": HOLDOUT3, "train_small": tuple((m, n, k) for n, k in TRAIN_SMALL_NK for m in TRAIN_SMALL_M),
          "holdout4": HOLDOUT4, "holdout5": HOLDOUT5, "holdout6": HOLDOUT6, "holdout7": HOLDOUT7,
          "holdout8": HOLDOUT8, "holdout9": HOLDOUT9, "holdout10": HOLDOUT10, "holdout11": HOLDOUT11, "holdout12": HOLDOUT12,
-         "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
+         "holdout13": HOLDOUT13, "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
 # A table may not make any holdout shape this much slower than the current chain (issue 21).
 MAX_HOLDOUT_LOSS = 0.02
 # fit: a row is emitted where its plan beats the chain by this geomean over its training cells, with no cell

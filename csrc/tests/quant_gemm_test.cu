@@ -586,9 +586,9 @@ std::vector<Case> shapes_for(int pair, int layout, int recipe) {
     v.push_back(shape(129, tn + 5, 2 * kt + kmin, 1));
     v.back().out_pad = 3;
   }
-  if (gemm_is_sm90_mainloop(recipe)) {
-    // split_k 0, the last wave split along K: 16 tiles (all of them split, a broadcast a), then 136 tiles (one
-    // wave of 132 whole, 4 split on an H100 / H200) with a padded output.
+  if (gemm_is_sm90_mainloop(recipe) || gemm_is_sm90_w8a16(recipe)) {
+    // split_k 0, the last wave split along K: every tile split (a broadcast a), then 136 tiles (one wave of 132
+    // whole, 4 split on an H100 / H200) with a padded output.
     v.push_back(shape(129, 3 * tn + 5, 40 * kt + kmin, 0));
     v.back().batch = 2;
     v.back().a_batched = false;
@@ -672,10 +672,11 @@ std::vector<Case> make_cases(bool small) {
         c.epi = epilogues_of(kPairs[pi])[size_t(pi + recipe)];
         cases.push_back(c);
       }
-    // The last wave split (split_k 0) on recipes 4 and 10 (fp8) and 5 (bf16), skipped off an H100 / H200: 16 tiles,
-    // each in 2 K slices, a broadcast.
+    // The last wave split (split_k 0) on recipes 4 and 10 (fp8), 5 (bf16) and w8a16's 8 and 11, skipped off an H100 /
+    // H200: every tile in 2 K slices, a broadcast.
     for (const auto& [pi, recipe] : {std::pair<int, int>{0, kGemmFirstSm90Recipe + 1}, {5, kGemmFirstSm90Recipe},
-                                     {5, kGemmSm90N192Recipe}}) {
+                                     {5, kGemmSm90N192Recipe}, {2, kGemmSm90W8a16WideRecipe},
+                                     {3, kGemmSm90W8a16Tokens192Recipe}}) {
       const std::vector<Case> tail = shapes_for(pi, 0, recipe);
       Case c = tail[tail.size() - 2];
       c.k = 16 * gemm_k_tile(kPairs[pi].pair) + min_aligned_k(kPairs[pi]);
@@ -757,7 +758,7 @@ std::vector<Case> make_cases(bool small) {
 }
 
 // What the launcher promises beside the launch: tiles for every recipe id and none past them, a reason for an
-// unknown recipe, cudaErrorInvalidValue (no launch) for one or for split_k 0 off recipes 4, 5 and 10, and no workspace
+// unknown recipe, cudaErrorInvalidValue (no launch) for one or for split_k 0 off recipes 4, 5 and 7-11, and no workspace
 // without a split.
 bool check_launcher_contract() {
   bool ok = gemm_recipe_tile_m(kGemmRecipes) == 0 && gemm_recipe_tile_n(-1) == 0;
@@ -774,7 +775,7 @@ bool check_launcher_contract() {
     p.out_dtype = pi.group == Group::kW8A8 ? GemmOut::kS32 : GemmOut::kF32;
     ok = ok && gemm_workspace_bytes(p, pi.pair, 0) == 0;
     ok = ok && gemm_launch(p, pi.pair, kGemmRecipes, nullptr) == cudaErrorInvalidValue;
-    p.split_k = 0;  // the last wave split: recipes 4, 5 and 10 only; nothing to split in one tile
+    p.split_k = 0;  // the last wave split: recipes 4, 5 and 7-11 only; nothing to split in one tile
     ok = ok && gemm_launch(p, pi.pair, 0, nullptr) == cudaErrorInvalidValue &&
          gemm_workspace_bytes(p, pi.pair, kGemmFirstSm90Recipe) == 0;
     p.split_k = 3;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from astrai.extension import quant_gemm
 from astrai.extension.ops import gemm as ops
 from support.schemas import assert_schema_matches
 
@@ -336,6 +337,12 @@ SM90_W8A16_TABLE = {
     (256, 4096, 4096): (8, 4),
     (4096, 4096, 14336): (8, 1),
     (4096, 6144, 4096): (8, 1),
+    # The last wave split (fortieth session, H100 A/B in docs/benchmarks.md): 272 tiles of 256 x 128 are two whole
+    # waves and 8 tiles split 7 ways (196.6 us against 260.4 unsplit); 448 tiles, 52 split 2 ways (184.4 / 197.8); 136
+    # tiles of 128 x 128, 4 split 7 ways (67.9 us, recipe 11 unsplit 69.7).
+    (4096, 2112, 7168): (8, 0),
+    (1024, 14336, 4096): (8, 0),
+    (1024, 2112, 7168): (7, 0),
 }
 
 
@@ -687,3 +694,18 @@ def test_cheapest_plan_option_with_its_own_split_cost():
     assert ops._portable_option(32, 4096, 4096, "w16a16", 132) == []
     (option,) = ops._portable_option(32, 4096, 4096, "w8a16", 132)
     assert option[0] == 2 and option[-1] == "in-CTA split" and set(option[6]) <= set(ops.SM90_SMALL_SPLITS)
+
+
+def test_w8a16_tail_split_mirrors_the_launcher():
+    """tail_split for a w8a16 recipe counts its own tiles (tokens x 128 weight rows) and 128-K tiles as the launcher's
+    gemm_sm90_tail_plan does: whole waves, the rest split with no slice empty, split 1 where the split would be short;
+    split_k 0 is a valid plan on the w8a16 recipes and refused on the portable ones."""
+    assert ops.TAIL_RECIPES == (4, 5, 10, 7, 8, 9, 11)
+    assert ops.tail_split(4096, 2112, 7168, "w8a16", 8, 132) == (264, 8, 7)       # 17 x 16 tiles, 56 K tiles
+    assert ops.tail_split(1024, 14336, 4096, "w8a16", 8, 132) == (396, 52, 2)     # 112 x 4 tiles
+    assert ops.tail_split(1024, 2112, 7168, "w8a16", 8, 132) == (68, 0, 1)        # 132 / 68 < 2: nothing to split
+    assert ops.tail_split(4096, 2112, 1024, "w8a16", 8, 132) == (272, 0, 1)       # 8 K tiles: no split of 8+
+    a, b = torch.zeros(8, 256, dtype=torch.bfloat16), torch.zeros(64, 256, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"split_k must be an int >= 1, got 0 \(0, the last wave split along K, is "
+                                         r"for recipes 4, 5 and 7-11\)"):
+        quant_gemm(a, b, b_scale=torch.ones(64), plan=(2, 0), path="torch")

@@ -129,7 +129,7 @@ def test_first_matching_row_wins_and_injected_rows_stack():
     ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) need a compute capability 9.0 GPU (H100 / H200)"),
     ("* * * * * * 6 1", "recipe 6 (the sm_90a weight stream) needs a compute capability 9.0 GPU (H100 / H200)"),
     ("* * * * * * 0 0",
-     "split_k must be in [1, 64], got 0 (0, the last wave split along K, is for recipes 4, 5 and 10)"),
+     "split_k must be in [1, 64], got 0 (0, the last wave split along K, is for recipes 4, 5 and 7-11)"),
     ("* w16a16 * * * * 7 1", "recipes 7-9 and 11 run w8a16 only"),
     ("* * * * * * 4 1", "recipes 4 and 5 (the sm_90a wgmma mainloop) run layout nt only"),
 ])

@@ -228,7 +228,7 @@ def test_validation_out_and_layout():
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's recipe must be one of .*got 12"):
         quant_gemm(a, b, plan=(12, 1), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got 0 \(0, the last "
-                                         r"wave split along K, is for recipes 4, 5 and 10\)"):
+                                         r"wave split along K, is for recipes 4, 5 and 7-11\)"):
         quant_gemm(a, b, plan=(0, 0), path="torch", **kw)
     with pytest.raises(ValueError, match=r"^quant_gemm: plan's split_k must be an int >= 1, got -1$"):
         quant_gemm(a, b, plan=(4, -1), path="torch", **kw)

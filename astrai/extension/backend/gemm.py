@@ -91,8 +91,8 @@ def _check_plan(fn: str, plan) -> None:
     recipe, split_k = plan
     if recipe not in ops.RECIPES:
         raise ValueError(f"{fn}: plan's recipe must be one of {tuple(ops.RECIPES)}, got {recipe!r}")
-    if not (isinstance(split_k, int) and (split_k >= 1 or (split_k == ops.TAIL_SPLIT and recipe in ops.SM90_RECIPES))):
-        why = " (0, the last wave split along K, is for recipes 4, 5 and 10)" if split_k == ops.TAIL_SPLIT else ""
+    if not (isinstance(split_k, int) and (split_k >= 1 or (split_k == ops.TAIL_SPLIT and recipe in ops.TAIL_RECIPES))):
+        why = " (0, the last wave split along K, is for recipes 4, 5 and 7-11)" if split_k == ops.TAIL_SPLIT else ""
         raise ValueError(f"{fn}: plan's split_k must be an int >= 1, got {split_k!r}{why}")
     if recipe == ops.SM90_STREAM_RECIPE and split_k > ops.SM90_STREAM_MAX_SPLIT:
         raise ValueError(f"{fn}: plan's split_k must be <= {ops.SM90_STREAM_MAX_SPLIT} for recipe {recipe} (its K "
@@ -310,7 +310,7 @@ def quant_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
         `[M, N]` / `[B, M, N]` written in place and returned.
     plan : (int, int), optional
         `(recipe, split_k)` for the kernels; default the built-in plan (`ops.gemm.builtin_plan`). `split_k`
-        0 on recipes 4, 5 and 10 splits only the last wave's tiles along K (`ops.gemm.TAIL_SPLIT`). The torch
+        0 on recipes 4, 5 and 7-11 splits only the last wave's tiles along K (`ops.gemm.TAIL_SPLIT`). The torch
         path ignores it.
     batch_invariant : bool
         Kernels: use a plan that does not depend on M, so a row's result is bitwise independent of the batch

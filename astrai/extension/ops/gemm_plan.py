@@ -142,7 +142,7 @@ _RECIPE_FACTS = {
 def _recipe_splits(recipe: int) -> tuple:
     if recipe == 6:
         return tuple(range(1, SM90_STREAM_MAX_SPLIT + 1))
-    return ((TAIL_SPLIT,) if recipe in _gemm().SM90_RECIPES else ()) + (f"1-{MAX_SPLIT_K}",)
+    return ((TAIL_SPLIT,) if recipe in _gemm().TAIL_RECIPES else ()) + (f"1-{MAX_SPLIT_K}",)
 
 
 @functools.lru_cache(maxsize=1)
@@ -976,7 +976,7 @@ def candidates(call: Call, device: Facts) -> list[tuple[int, int]]:
     rows, cols = (call.n, call.m) if swapped else (call.m, call.n)
     for info in tile_vocabulary():
         tiles = math.ceil(max(rows, 1) / info.tile_m) * math.ceil(max(cols, 1) / info.tile_n) * (call.batch or 1)
-        for split in ((TAIL_SPLIT,) if info.id in gemm.SM90_RECIPES else ()) + TUNE_SPLITS:
+        for split in ((TAIL_SPLIT,) if info.id in gemm.TAIL_RECIPES else ()) + TUNE_SPLITS:
             if split > 1 and math.ceil(call.k / k_tile) < split:
                 continue
             if split > 1 and tiles * (split // 2) >= 4 * device.num_sms:

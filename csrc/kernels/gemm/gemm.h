@@ -40,7 +40,7 @@ int gemm_recipe_tile_m(int recipe);
 int gemm_recipe_tile_n(int recipe);
 int gemm_k_tile(GemmPair pair);
 
-// The op's limits on a plan: split_k (0 only on recipes 4, 5 and 10) and the grid's y / z extents.
+// The op's limits on a plan: split_k (0 only on recipes 4, 5 and 7-11) and the grid's y / z extents.
 constexpr int64_t kGemmMaxSplitK = 64;
 constexpr int64_t kGemmMaxGridYZ = 65535;
 
@@ -70,10 +70,11 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout);
 // kernel sums every split itself: split_k == 1, and w8a16's weight stream up to kGemmStreamMaxWarpsK splits).
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe);
 
-// split_k = 0 on recipes 4, 5 and 10 ("the last wave split"): the persistent grid runs the first `tail_from` tiles
-// (whole waves of num_sms) whole and each of the `tail_tiles` left as `split` K slices of `k_tiles_per_split` K tiles
-// (no slice empty), so the last wave fills the GPU; split 1 (nothing to split) runs every tile whole. The slices'
-// partials go to a [tail_tiles][split][tile_m][tile_n] workspace, summed in slice order by a second kernel.
+// split_k = 0 on recipes 4, 5 and 10 ("the last wave split"; also on the w8a16 recipes 7-9 and 11, a CTA a unit):
+// the grid runs the first `tail_from` tiles (whole waves of num_sms) whole and each of the `tail_tiles` left as
+// `split` K slices of `k_tiles_per_split` K tiles (no slice empty), so the last wave fills the GPU; split 1 (nothing
+// to split) runs every tile whole. The slices' partials go to a [tail_tiles][split][tile_m][tile_n] workspace, summed
+// in slice order by a second kernel.
 struct GemmTailPlan {
   int32_t tail_from, tail_tiles, split, k_tiles_per_split;
 };

@@ -125,12 +125,12 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
     why << "recipe must be in [0, " << kGemmRecipes << "), got " << recipe;
     return why.str();
   }
-  const bool tail_recipe = gemm_is_sm90_mainloop(int(recipe));
+  const bool tail_recipe = gemm_is_sm90_mainloop(int(recipe)) || gemm_is_sm90_w8a16(int(recipe));
   if (!((split_k >= 1 && split_k <= kGemmMaxSplitK) || (split_k == 0 && tail_recipe))) {
     std::ostringstream why;
     why << "split_k must be " << (tail_recipe ? "0 (the last wave split along K) or " : "") << "in [1, "
         << kGemmMaxSplitK << "], got " << split_k
-        << (split_k == 0 ? " (0, the last wave split along K, is for recipes 4, 5 and 10)" : "");
+        << (split_k == 0 ? " (0, the last wave split along K, is for recipes 4, 5 and 7-11)" : "");
     return why.str();
   }
   if (recipe == kGemmSm90StreamRecipe && split_k > kGemmSm90StreamMaxSplit) {
@@ -155,7 +155,7 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
     why << "split the call along " << dim << " (at most " << kGemmMaxGridYZ * tm << " rows a call with this recipe)";
     return why.str();
   }
-  if (batch * split_k > kGemmMaxGridYZ) {
+  if (batch * std::max<int64_t>(split_k, 1) > kGemmMaxGridYZ) {  // split_k 0: w8a16's unsplit grid has z = batch
     std::ostringstream why;
     why << "batch * split_k must be <= " << kGemmMaxGridYZ << ", got " << batch << " * " << split_k;
     return why.str();
@@ -179,7 +179,7 @@ GemmTailPlan gemm_sm90_tail_plan(const GemmParams& p, int tile_m, int tile_n, in
 
 int64_t gemm_workspace_bytes(const GemmParams& p, GemmPair pair, int recipe) {
   if (recipe == kGemmSm90StreamRecipe) return 0;  // its slices are summed inside their cluster
-  if (p.split_k == 0) {  // recipes 4, 5 and 10: the tail's slices (0 where nothing splits or the device is unknown)
+  if (p.split_k == 0) {  // recipes 4, 5 and 7-11: the tail's slices (0 where nothing splits or the device is unknown)
     DeviceFacts facts{};
     if (current_device_facts(&facts) != cudaSuccess) return 0;
     const GemmTailPlan t = gemm_sm90_tail_plan(p, gemm_recipe_tile_m(recipe), gemm_recipe_tile_n(recipe),
@@ -235,10 +235,10 @@ bool gemm_swaps_operands(GemmPair pair, GemmLayout layout) {
 cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t stream) {
   if (recipe < 0 || recipe >= kGemmRecipes) return cudaErrorInvalidValue;
   const int k_tiles = ceil_div(p.k, gemm_k_tile(pair));
-  // split_k 0 (recipes 4, 5 and 10, checked by the binding): the sm_90a launcher plans the tail; any kernel that runs
-  // the call instead runs it unsplit.
+  // split_k 0 (recipes 4, 5 and 7-11, checked by the binding): the sm_90a launcher plans the tail; any kernel that
+  // runs the call instead runs it unsplit.
   const bool tail_split = p.split_k == 0;
-  if (tail_split && !gemm_is_sm90_mainloop(recipe)) return cudaErrorInvalidValue;
+  if (tail_split && !gemm_is_sm90_mainloop(recipe) && !gemm_is_sm90_w8a16(recipe)) return cudaErrorInvalidValue;
   p.k_tiles_per_split = tail_split ? k_tiles : ceil_div(k_tiles, p.split_k);
   p.tail_from = 0;
   p.tail_split = 0;
@@ -266,6 +266,7 @@ cudaError_t gemm_launch(GemmParams p, GemmPair pair, int recipe, cudaStream_t st
     const cudaError_t st = gemm::sm90_launch_w8a16(p, pair, recipe, stream);
     if (st != cudaErrorNotSupported) return st;
     recipe = 0;  // an operand the TMA cannot describe: the portable mainloop, same split and workspace
+    if (tail_split) p.split_k = 1;  // (unsplit for split_k 0)
   } else if (recipe == kGemmSm90StreamRecipe) {
     const cudaError_t st = gemm::sm90_launch_stream(p, pair, stream);
     if (st != cudaErrorNotSupported) return st;

@@ -26,13 +26,35 @@ cudaError_t launch_w8a16(const GemmParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> smem_set{0};
   ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
   const int64_t tiles = int64_t(ceil_div(p.n, S::kRows)) * ceil_div(p.m, S::kTokens);
-  if (tiles > 0x7fffffff) return cudaErrorNotSupported;
-  const dim3 grid(unsigned(tiles), 1, unsigned(p.batch * p.split_k));
+  if (tiles * p.batch > 0x7fffffff) return cudaErrorNotSupported;
+  GemmParams q = p;
+  dim3 grid(unsigned(tiles), 1, unsigned(p.batch * p.split_k));
+  if (p.split_k == 0) {  // the last wave split (gemm.h), planned for this device's SMs as recipes 4, 5 and 10 do
+    DeviceFacts facts{};
+    ASTRAI_CUDA_TRY(current_device_facts(&facts));
+    const GemmTailPlan t = gemm_sm90_tail_plan(p, S::kTokens, S::kRows, 128, facts.sm_count);
+    q.split_k = 1;
+    q.k_tiles_per_split = t.k_tiles_per_split;
+    q.tail_from = t.tail_from;
+    q.tail_split = t.split > 1 ? t.split : 0;
+    if (q.tail_split > 1) grid = dim3(unsigned(int64_t(t.tail_from) + int64_t(t.tail_tiles) * t.split), 1, 1);
+    else grid.z = unsigned(p.batch);
+  }
+  // A programmatic dependent except with the last wave split (as the Hopper mainloop).
   static PdlCodeCache known;
   bool pdl = false;
-  ASTRAI_CUDA_TRY(gemm_pdl(kernel, known, &pdl));
-  ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, grid, dim3(S::kThreads), S::kSmemBytes, stream, pdl, map_w, map_x, p));
-  if (p.split_k > 1) return launch_split_reduce<float>(p, stream);
+  if (q.tail_split <= 1) ASTRAI_CUDA_TRY(gemm_pdl(kernel, known, &pdl));
+  ASTRAI_CUDA_TRY(launch_maybe_dependent(kernel, grid, dim3(S::kThreads), S::kSmemBytes, stream, pdl, map_w, map_x, q));
+  if (q.tail_split > 1) {  // the tail tiles' slices, added in order, then the epilogue
+    using T = Sm90W8a16TailTile<S>;
+    constexpr int kBlocksPerTile = T::kBM * T::kBN / (4 * kTailReduceThreads);
+    auto* reduce = &gemm_sm90_tail_reduce_kernel<float, T>;
+    static PdlCodeCache known_reduce;
+    ASTRAI_CUDA_TRY(gemm_pdl(reduce, known_reduce, &pdl));
+    return launch_maybe_dependent(reduce, dim3(unsigned(tiles * p.batch - q.tail_from), kBlocksPerTile),
+                                  dim3(kTailReduceThreads), 0, stream, pdl, q);
+  }
+  if (q.split_k > 1) return launch_split_reduce<float>(q, stream);
   return cudaSuccess;
 }
 

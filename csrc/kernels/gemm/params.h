@@ -38,7 +38,7 @@ struct GemmParams {
   int64_t b_row_stride, b_batch_stride;
   int64_t out_row_stride, out_batch_stride;
   int32_t m, n, k, batch;
-  int32_t split_k;             // >= 1: K-tile slices reduced by gemm_reduce in a fixed order; 0 (recipes 4, 5, 10):
+  int32_t split_k;             // >= 1: K-tile slices reduced by gemm_reduce in a fixed order; 0 (recipes 4, 5, 7-11):
                                // the tiles past the last whole wave split along K (tail_from / tail_split)
   int32_t k_tiles_per_split;   // ceil(k_tiles / split_k) (split_k 0: / tail_split), set by the launcher
   // split_k 0, set by the launcher (gemm_sm90_tail_plan): units below tail_from are whole tiles; each tile from

@@ -645,7 +645,7 @@ constexpr int kTailReduceThreads = 256;
 template <class Acc, class R>
 __global__ void __launch_bounds__(kTailReduceThreads)
     gemm_sm90_tail_reduce_kernel(const __grid_constant__ GemmParams p) {
-#if ASTRAI_WGMMA  // only recipes 4, 5 and 10 launch it: a stub in the other arches' code
+#if ASTRAI_WGMMA  // only recipes 4, 5, 7-11 launch it: a stub in the other arches' code
   wait_prerequisites();
   launch_dependents();  // the next call may be scheduled now (it waits for this grid too)
   const int tiles_m = (p.m + R::kBM - 1) / R::kBM, tiles_n = (p.n + R::kBN - 1) / R::kBN;

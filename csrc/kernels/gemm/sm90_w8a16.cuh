@@ -66,6 +66,13 @@ using Sm90W8a16Tokens256 = Sm90W8a16Shape<256>;  // recipe 8
 using Sm90W8a16Tokens64 = Sm90W8a16Shape<64>;    // recipe 9
 using Sm90W8a16Tokens192 = Sm90W8a16Shape<192>;  // recipe 11
 
+// The tile order and block shape gemm_sm90_tail_reduce_kernel (sm90_gemm.cuh) needs for a w8a16 shape's last wave
+// split: blocks of kTokens token rows x 128 output columns, kGroupTokens token tiles a raster group.
+template <class S>
+struct Sm90W8a16TailTile {
+  static constexpr int kBM = S::kTokens, kBN = S::kRows, kGroupM = S::kGroupTokens;
+};
+
 // The A fragments of one stage (kSteps k16 steps) of this thread's rows g and g + 8 of its warp's 16 weight rows:
 // a 16-byte shared load a row and step (the quad's four lanes read the same chunk), then one byte permute puts
 // bytes 2t and 2t + 1 of the chunk's first 8 bytes in the low bytes of two 16-bit lanes (and one bytes 2t + 8,
@@ -112,21 +119,13 @@ __device__ __forceinline__ void sm90_w8a16_stage_mma(float (&acc)[S::kH][S::kAcc
 }
 
 // Copies a consumer's staged tile (kTokens token rows x 64 output columns of fp32, see the kernel's epilogue) out: a
-// thread a 16-byte unit (4 columns of one token) at a time. kPartial: raw sums into the split's workspace slice;
-// otherwise store_out's arithmetic (acc * a_scale of the token * b_scale of the column + bias, in fp32), then Out.
+// thread a 16-byte unit (4 columns of one token) at a time, token tok and column col at base + (tok - row0) *
+// row_stride + col - col_origin. kPartial: raw sums (a split's workspace slice, or a tail slice's block); otherwise
+// store_out's arithmetic (acc * a_scale of the token * b_scale of the column + bias, in fp32), then Out.
 template <class Out, bool kPartial, int kTokens>
-__device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const float* buf, int bz, int split, int m0,
-                                                    int col0) {
+__device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const float* buf, Out* base,
+                                                    int64_t row_stride, int row0, int col_origin, int m0, int col0) {
   const int tid = threadIdx.x % 128;
-  Out* base;
-  int64_t row_stride;
-  if constexpr (kPartial) {
-    base = static_cast<Out*>(p.workspace) + (int64_t(bz) * p.split_k + split) * p.m * p.n;
-    row_stride = p.n;
-  } else {
-    base = static_cast<Out*>(p.out) + bz * p.out_batch_stride;
-    row_stride = p.out_row_stride;
-  }
   // A thread copies units tid % 16 of rows tid / 16 + 8 i: the same 4 columns in every row, so their scales and
   // bias are read once.
   const int u = tid % 16, col = col0 + 4 * u;
@@ -142,8 +141,8 @@ __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const f
     }
   }
   // Every row's 4 columns start 4-element aligned when the first row's do and the row stride keeps them so.
-  const bool vector =
-      cols == 4 && row_stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base + col) % (4 * sizeof(Out))) == 0;
+  const bool vector = cols == 4 && row_stride % 4 == 0 &&
+                      (reinterpret_cast<uintptr_t>(base + (col - col_origin)) % (4 * sizeof(Out))) == 0;
 #pragma unroll 8
   for (int i = 0; i < kTokens / 8; ++i) {
     const int r = tid / 16 + 8 * i;
@@ -156,7 +155,7 @@ __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const f
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] = v[e] * sa * sb[e] + bias[e];
     }
-    Out* const dst = base + int64_t(tok) * row_stride + col;
+    Out* const dst = base + int64_t(tok - row0) * row_stride + (col - col_origin);
     if (vector) {
       if constexpr (std::is_same<Out, float>::value) {
         *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
@@ -184,7 +183,10 @@ __device__ __forceinline__ void sm90_w8a16_copy_out(const GemmParams& p, const f
 }
 
 // Grid: x = tiles (blocks of 128 weight rows x blocks of kTokens tokens, grouped raster), z = batch * split_k (slice
-// fastest). p.k_tiles_per_split counts gemm_launch's K tiles of 128.
+// fastest). With the last wave split (p.tail_split > 1, split_k 0 at the op): x = units, z = 1; units below
+// p.tail_from are whole tiles t = unit (batches outermost), then each tile from tail_from on as tail_split K slices
+// whose fp32 sums go to its blocks of the workspace (gemm_sm90_tail_reduce_kernel adds them in slice order and applies
+// the epilogue; same tile order: Sm90W8a16TailTile). p.k_tiles_per_split counts gemm_launch's K tiles of 128.
 template <bool kF16, class S>
 __global__ void __launch_bounds__(S::kThreads, 1)
     gemm_sm90_w8a16_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_x,
@@ -197,15 +199,32 @@ __global__ void __launch_bounds__(S::kThreads, 1)
   const int wg = threadIdx.x / 128;
   // Grouped raster: kGroupTokens token tiles walk the weight tiles together, so a weight tile is read from DRAM once
   // for the group (the weights of a large layer do not fit in the L2).
-  const int tiles_m = (p.m + S::kTokens - 1) / S::kTokens;
-  const int tile = int(blockIdx.x), per_group = S::kGroupTokens * int(gridDim.x / unsigned(tiles_m));
+  const int tiles_m = (p.m + S::kTokens - 1) / S::kTokens, tiles_n = (p.n + S::kRows - 1) / S::kRows;
+  const int k_tiles = (p.k + S::kBK - 1) / S::kBK;
+  const int per_split = p.k_tiles_per_split * (128 / S::kBK);
+  int tile = int(blockIdx.x), bz = int(blockIdx.z) / p.split_k, split = int(blockIdx.z) % p.split_k;
+  bool tail = false;  // a slice of a tail tile: raw sums into block ws_block of the workspace
+  int64_t ws_block = 0;
+  if (p.tail_split > 1) {
+    const int u = int(blockIdx.x);
+    int t = u;
+    split = 0;
+    if (u >= p.tail_from) {
+      const int v = u - p.tail_from;
+      t = p.tail_from + v / p.tail_split;
+      split = v % p.tail_split;
+      tail = true;
+      ws_block = int64_t(v) * S::kTokens * S::kRows;
+    }
+    bz = t / (tiles_m * tiles_n);
+    tile = t % (tiles_m * tiles_n);
+  }
+  const int per_group = S::kGroupTokens * tiles_n;
   const int first_m = (tile / per_group) * S::kGroupTokens, rows = min(S::kGroupTokens, tiles_m - first_m);
   const int local = tile % per_group;
   const int n0 = (local / rows) * S::kRows, m0 = (first_m + local % rows) * S::kTokens;
-  const int bz = int(blockIdx.z) / p.split_k, split = int(blockIdx.z) % p.split_k;
-  const int k_tiles = (p.k + S::kBK - 1) / S::kBK;
-  const int per_split = p.k_tiles_per_split * (128 / S::kBK);
-  const int kt0 = min(k_tiles, split * per_split), kt1 = min(k_tiles, kt0 + per_split);
+  const int kt0 = (p.tail_split > 1 && !tail) ? 0 : min(k_tiles, split * per_split);
+  const int kt1 = (p.tail_split > 1 && !tail) ? k_tiles : min(k_tiles, kt0 + per_split);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbarrier_init(&full[s], 1);
@@ -304,13 +323,27 @@ __global__ void __launch_bounds__(S::kThreads, 1)
       }
   named_barrier_sync(2 + cw, 128);
   const int col0 = n0 + cw * 64;
-  if (p.split_k > 1) {
-    sm90_w8a16_copy_out<float, true, S::kTokens>(p, buf, bz, split, m0, col0);
+  if (tail) {  // the tile's [kTokens][128] block, local coordinates
+    sm90_w8a16_copy_out<float, true, S::kTokens>(p, buf, static_cast<float*>(p.workspace) + ws_block, S::kRows, m0,
+                                                 n0, m0, col0);
+  } else if (p.split_k > 1) {
+    sm90_w8a16_copy_out<float, true, S::kTokens>(
+        p, buf, static_cast<float*>(p.workspace) + (int64_t(bz) * p.split_k + split) * p.m * p.n, p.n, 0, 0, m0, col0);
   } else {
+    const int64_t at = int64_t(bz) * p.out_batch_stride;
     switch (p.out_dtype) {  // one branch a tile
-      case GemmOut::kBf16: sm90_w8a16_copy_out<__nv_bfloat16, false, S::kTokens>(p, buf, bz, split, m0, col0); break;
-      case GemmOut::kF16: sm90_w8a16_copy_out<__half, false, S::kTokens>(p, buf, bz, split, m0, col0); break;
-      default: sm90_w8a16_copy_out<float, false, S::kTokens>(p, buf, bz, split, m0, col0); break;
+      case GemmOut::kBf16:
+        sm90_w8a16_copy_out<__nv_bfloat16, false, S::kTokens>(p, buf, static_cast<__nv_bfloat16*>(p.out) + at,
+                                                              p.out_row_stride, 0, 0, m0, col0);
+        break;
+      case GemmOut::kF16:
+        sm90_w8a16_copy_out<__half, false, S::kTokens>(p, buf, static_cast<__half*>(p.out) + at, p.out_row_stride, 0,
+                                                       0, m0, col0);
+        break;
+      default:
+        sm90_w8a16_copy_out<float, false, S::kTokens>(p, buf, static_cast<float*>(p.out) + at, p.out_row_stride, 0,
+                                                      0, m0, col0);
+        break;
     }
   }
 #endif

@@ -402,9 +402,42 @@ def test_sm90_tail_split_matches_float64(pair, recipe, case):
         assert_bitwise_equal(raw, ops.quant_gemm(a, b, out_dtype=torch.int32, plan=(recipe, 1)), "int32 vs unsplit")
 
 
+# (B, M, N, K) for w8a16's last wave split: every tile split over a batch (a batched, b broadcast; b batched, a
+# broadcast), then whole waves and a split tail (recipe 8: 140 tiles of 256 x 128 on 132 SMs; recipe 11's 210 leave
+# too few SMs to split its tail: every tile whole).
+W8A16_TAIL_CASES = [(2, 129, 389, 2608), (3, 300, 1100, 2064), (1, 1000, 4400, 2064)]
+
+
+@pytest.mark.parametrize("recipe", ops.SM90_W8A16_RECIPES)
+@pytest.mark.parametrize("ta", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("case", W8A16_TAIL_CASES, ids=lambda c: "B{}-M{}-N{}-K{}".format(*c))
+def test_sm90_w8a16_tail_split(recipe, ta, case):
+    """w8a16's split_k 0 (the tail tiles' K slices summed in order by the mainloop's tail reduction) into a poisoned
+    fp32 output against float64 with per-channel scales and bias, repeatable bitwise; with small
+    integers the same bits as the unsplit plan (exact fp32 sums in any order)."""
+    skip_if_no_recipe(recipe, ta, torch.int8)
+    B, m, n, k = case
+    a = operand(ta, (B, m, k) if B != 3 else (m, k))  # B = 3: a broadcast
+    b = operand(torch.int8, (B, n, k) if B == 3 else (n, k))  # B = 2: b broadcast
+    sb, bias = torch.rand(n, device=DEVICE) + 0.5, torch.randn(n, device=DEVICE)
+    out = torch.full((B, m, n) if B > 1 else (m, n), float("nan"), device=DEVICE)
+    ops.quant_gemm(a, b, b_scale=sb, bias=bias, out=out, plan=(recipe, ops.TAIL_SPLIT))
+    want = reference(a, b, b_scale=sb, bias=bias)
+    assert torch.isfinite(out).all() and rel_error(out, want) < 1e-5, rel_error(out, want)
+    again = torch.full_like(out, float("nan"))
+    ops.quant_gemm(a, b, b_scale=sb, bias=bias, out=again, plan=(recipe, ops.TAIL_SPLIT))
+    assert_bitwise_equal(again, out, "repeat")
+    a, b = operand(ta, a.shape, small=True), operand(torch.int8, b.shape, small=True)
+    ones = torch.ones(n, device=DEVICE)
+    tail = ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(recipe, ops.TAIL_SPLIT))
+    assert_bitwise_equal(tail, ops.quant_gemm(a, b, b_scale=ones, out_dtype=torch.float32, plan=(recipe, 1)),
+                         "small integers vs unsplit")
+    assert torch.equal(tail.double(), reference(a, b, b_scale=ones))
+
+
 def test_sm90_tail_split_graph_and_refusals():
     """The last wave split under CUDA-graph capture (its workspace from the caching allocator) replays bitwise;
-    split_k 0 off recipes 4, 5 and 10 is refused before launch, naming the op and the reason."""
+    split_k 0 off recipes 4, 5 and 7-11 is refused before launch, naming the op and the reason."""
     skip_without_sm90()
     a, b = operand(torch.bfloat16, (1000, 2048)), operand(torch.bfloat16, (2112, 2048))
     y = ops.quant_gemm(a, b, plan=(4, ops.TAIL_SPLIT))
@@ -419,7 +452,7 @@ def test_sm90_tail_split_graph_and_refusals():
     torch.cuda.synchronize()
     assert_bitwise_equal(captured, y, "graph replay")
     with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be in \[1, 64\], got 0 \(0, the last "
-                                           r"wave split along K, is for recipes 4, 5 and 10\)"):
+                                           r"wave split along K, is for recipes 4, 5 and 7-11\)"):
         torch.ops.astrai.quant_gemm(a, b, None, None, None, torch.bfloat16, 0, 0, 0)
     with pytest.raises(RuntimeError, match=r"astrai.quant_gemm: split_k must be 0 \(the last wave split along K\) "
                                            r"or in \[1, 64\], got -1"):
