@@ -417,7 +417,7 @@ def test_sm90_w8a16_tail_split(recipe, ta, case):
     integers the same bits as the unsplit plan (exact fp32 sums in any order)."""
     skip_if_no_recipe(recipe, ta, torch.int8)
     B, m, n, k = case
-    a = operand(ta, (B, m, k) if B != 3 else (m, k))  # B = 3: a broadcast
+    a = operand(ta, (B, m, k) if B == 2 else (m, k))  # B = 3: a broadcast
     b = operand(torch.int8, (B, n, k) if B == 3 else (n, k))  # B = 2: b broadcast
     sb, bias = torch.rand(n, device=DEVICE) + 0.5, torch.randn(n, device=DEVICE)
     out = torch.full((B, m, n) if B > 1 else (m, n), float("nan"), device=DEVICE)
