@@ -538,15 +538,26 @@ def _least_cost_plan(m: int, n: int, k: int, pair: str, num_sms: int, recipes, s
                for recipe, stage, unit in recipes if stage is not None]
     best, best_cost = _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
     if tail:
-        for recipe, stage, unit in recipes:
-            whole, rest, split = tail_split(m, n, k, pair, recipe, num_sms) if stage is not None else (0, 0, 1)
-            if split < 2:
-                continue
-            tile = RECIPES[recipe]
-            cost = (whole // num_sms) * (stage * k_tiles + unit) + stage * math.ceil(k_tiles / split) + unit
-            cost += split_cost * rest * tile.tile_m * tile.tile_n * split / 1e6
-            if cost * (1 + TAIL_MARGIN) < best_cost:
-                best, best_cost = (recipe, TAIL_SPLIT), cost * (1 + TAIL_MARGIN)
+        costs = [(recipe, stage, unit, 0.0) for recipe, stage, unit in recipes if stage is not None]
+        best = _with_tail_split(m, n, k, pair, num_sms, costs, split_cost, best, best_cost)
+    return best
+
+
+def _with_tail_split(m: int, n: int, k: int, pair: str, num_sms: int, costs, split_cost: float, best: tuple[int, int],
+                     best_cost: float) -> tuple[int, int]:
+    """`best` (of estimated cost `best_cost`), or TAIL_SPLIT on a recipe of `costs` ((recipe, stage, unit, fixed))
+    where the model prices it at least TAIL_MARGIN cheaper: its whole waves, one wave of slices and split_cost per
+    element of the slices' partials (`tail_split`)."""
+    k_tiles = _k_tiles(k, pair)
+    for recipe, stage, unit, fixed in costs:
+        whole, rest, split = tail_split(m, n, k, pair, recipe, num_sms)
+        if split < 2:
+            continue
+        tile = RECIPES[recipe]
+        cost = (whole // num_sms) * (stage * k_tiles + unit) + stage * math.ceil(k_tiles / split) + unit + fixed
+        cost += split_cost * rest * tile.tile_m * tile.tile_n * split / 1e6
+        if cost * (1 + TAIL_MARGIN) < best_cost:
+            best, best_cost = (recipe, TAIL_SPLIT), cost * (1 + TAIL_MARGIN)
     return best
 
 
@@ -608,8 +619,7 @@ def _portable_option(m: int, n: int, k: int, pair: str, num_sms: int) -> list:
 @functools.lru_cache(maxsize=4096)
 def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
     """Hopper w8a16's (recipe, split): recipes 7, 8, 9 and 11 by SM90_W8A16_MODEL, with the last wave split
-    (TAIL_SPLIT) priced as `_least_cost_plan` prices it (whole waves, one wave of slices, split_cost per element of
-    the slices' partials), taken only when at least TAIL_MARGIN cheaper. (With fewer tiles than SMs every tile is a
+    (TAIL_SPLIT) priced as for the mainloop (`_with_tail_split`). (With fewer tiles than SMs every tile is a
     tail tile, a plain split by another name: on the H100 holdouts 11 and 12 it timed 5-14% faster than the model's
     split on some such cells, 3-9% slower on others, and dropping it there left the regret no lower.)"""
     *costs, split_cost = SM90_W8A16_MODEL
@@ -620,17 +630,8 @@ def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
     if m <= SM90_MID_MAX_M:
         options += _portable_option(m, n, k, "w8a16", num_sms)
     best, best_cost = _cheapest_plan(m, n, k_tiles, num_sms, options, split_cost)
-    for i, recipe in enumerate(SM90_W8A16_RECIPES):
-        whole, rest, split = tail_split(m, n, k, "w8a16", recipe, num_sms)
-        if split < 2:
-            continue
-        stage, unit, fixed = costs[3 * i:3 * i + 3]
-        tile = RECIPES[recipe]
-        cost = (whole // num_sms) * (stage * k_tiles + unit) + stage * math.ceil(k_tiles / split) + unit + fixed
-        cost += split_cost * rest * tile.tile_m * tile.tile_n * split / 1e6
-        if cost * (1 + TAIL_MARGIN) < best_cost:
-            best, best_cost = (recipe, TAIL_SPLIT), cost * (1 + TAIL_MARGIN)
-    return best
+    recipe_costs = [(recipe, *costs[3 * i:3 * i + 3]) for i, recipe in enumerate(SM90_W8A16_RECIPES)]
+    return _with_tail_split(m, n, k, "w8a16", num_sms, recipe_costs, split_cost, best, best_cost)
 
 
 @functools.lru_cache(maxsize=4096)
