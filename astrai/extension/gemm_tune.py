@@ -149,11 +149,21 @@ HOLDOUT13 = ((2, 4864, 9728), (7, 11520, 2880), (12, 2688, 2688), (16, 6400, 160
              (189, 1792, 8064), (214, 6016, 1504), (241, 3072, 9216), (288, 1536, 3072), (350, 4480, 4480),
              (480, 1152, 10368), (760, 6784, 2176), (1200, 2112, 7040), (1700, 3840, 1920), (2600, 1344, 5376),
              (3600, 4480, 2880), (5300, 2112, 4224), (7300, 5760, 1440), (10500, 1024, 8192), (16000, 2816, 2816))
+# Set in the forty-first session (the weight stream's token-adjacent order and the re-tuned small / mid / w8a16 models,
+# fitted on train and train_small and kept where holdouts 12 and 13 improved) before any of it was timed: their judge.
+# M from 1 to 16384, 14 of 31 at 17 <= M <= 300.
+HOLDOUT14 = ((1, 5632, 11264), (6, 3328, 1664), (11, 12800, 3200), (14, 1792, 5376), (18, 7680, 3840),
+             (23, 2432, 2432), (31, 9216, 1536), (37, 1536, 9216), (44, 5376, 2688), (52, 3008, 6016), (62, 14080, 1760),
+             (73, 1984, 3968), (88, 6912, 3456), (104, 2368, 9472), (126, 4352, 2176), (143, 7936, 1984),
+             (167, 1088, 8704), (199, 5504, 4128), (231, 2816, 5632), (275, 9728, 1216), (330, 1728, 6912),
+             (560, 3584, 7168), (900, 7296, 1824), (1400, 2688, 4032), (2000, 1920, 7680), (2900, 5888, 2944),
+             (4200, 2112, 3136), (6200, 4736, 2368), (8800, 1408, 5632), (12500, 3072, 1536), (16384, 2560, 5120))
 GRIDS = {"train": tuple((m, n, k) for n, k in TRAIN_NK for m in TRAIN_M), "holdout": HOLDOUT, "holdout2": HOLDOUT2,
          "holdout3": HOLDOUT3, "train_small": tuple((m, n, k) for n, k in TRAIN_SMALL_NK for m in TRAIN_SMALL_M),
          "holdout4": HOLDOUT4, "holdout5": HOLDOUT5, "holdout6": HOLDOUT6, "holdout7": HOLDOUT7,
          "holdout8": HOLDOUT8, "holdout9": HOLDOUT9, "holdout10": HOLDOUT10, "holdout11": HOLDOUT11, "holdout12": HOLDOUT12,
-         "holdout13": HOLDOUT13, "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
+         "holdout13": HOLDOUT13, "holdout14": HOLDOUT14,
+         "quick": ((1, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096))}
 # A table may not make any holdout shape this much slower than the current chain (issue 21).
 MAX_HOLDOUT_LOSS = 0.02
 # fit: a row is emitted where its plan beats the chain by this geomean over its training cells, with no cell

@@ -586,6 +586,11 @@ def test_info_survives_a_bad_seed_file(monkeypatch, tmp_path):
      "M = 8388481 needs more than 65535 tiles of 128 rows for recipe 0: split the call along M (at most 8388480 rows "
      "a call with this recipe)"),
     ((BF16, BF16, 0, 0, 2, 64, 64, 40000, 80, False, 80), "batch * split_k must be <= 65535, got 40000 * 2"),
+    # Recipe 6's grid row: 4096 weight blocks x 65535 token blocks x 8 slices fit in 2^31 - 1, one block more does not.
+    ((BF16, BF16, 0, 6, 8, 65535 * 16, 4096 * 64, 1, 90, True, 90), ""),
+    ((BF16, BF16, 0, 6, 8, 65535 * 16, 4096 * 64 + 1, 1, 90, True, 90),
+     "recipe 6 runs ceil(N / 64) * ceil(M / 16) * split_k CTAs in one grid row, at most 2147483647, got N = 262145, "
+     "M = 1048560, split_k = 8: pick another recipe or split the call along N"),
     ((BF16, BF16, 0, 12, 1, 64, 64, 1, 80, False, 80), "recipe must be in [0, 12), got 12"),
     ((BF16, BF16, 7, 0, 1, 64, 64, 1, 80, False, 80), "layout must be 0 (nt), 1 (nn), 2 (tn) or 3 (tt), got 7"),
     ((torch.float32, BF16, 0, 0, 1, 64, 64, 1, 80, False, 80), "(a, b) dtypes must be one of "),

@@ -34,6 +34,12 @@ constexpr bool gemm_is_sm90_w8a16(int recipe) {
 }
 // Recipe 6 runs its K slices as the CTAs of one cluster: at most the portable cluster size.
 constexpr int kGemmSm90StreamMaxSplit = 8;
+// Recipe 6's grid x: its blocks of 64 weight rows x its blocks of 16 token rows (one block at M <= 8) x split_k, in
+// one grid row (sm90_stream.cuh's order), which may hold at most kGemmMaxGridX CTAs.
+constexpr int64_t kGemmMaxGridX = 2147483647;
+constexpr int64_t gemm_sm90_stream_grid_x(int64_t m, int64_t n, int64_t split_k) {
+  return (n + 63) / 64 * ((m + 15) / 16) * split_k;
+}
 
 // The CTA tile of a recipe (rows of a, columns of b) and the K tile in elements for a pair.
 int gemm_recipe_tile_m(int recipe);

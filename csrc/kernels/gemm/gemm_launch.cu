@@ -139,6 +139,13 @@ std::string gemm_plan_unfit(GemmPair pair, GemmLayout layout, int64_t recipe, in
         << " (the sm_90a weight stream runs its K slices as one cluster of CTAs), got " << split_k;
     return why.str();
   }
+  if (recipe == kGemmSm90StreamRecipe && gemm_sm90_stream_grid_x(m, n, split_k) > kGemmMaxGridX) {
+    std::ostringstream why;
+    why << "recipe " << kGemmSm90StreamRecipe << " runs ceil(N / 64) * ceil(M / 16) * split_k CTAs in one grid row, at "
+        << "most " << kGemmMaxGridX << ", got N = " << n << ", M = " << m << ", split_k = " << split_k
+        << ": pick another recipe or split the call along N";
+    return why.str();
+  }
   const int64_t tm = gemm_recipe_tile_m(int(recipe));
   // The grid's rows tile M, or N where the layout runs as y^T = b a (gemm_swaps_operands).
   const bool swaps = gemm_swaps_operands(pair, layout);

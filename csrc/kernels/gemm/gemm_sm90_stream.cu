@@ -24,6 +24,9 @@ constexpr CUtensorMapDataType stream_map_type() {
 template <class Pair, int kTokenTiles>
 cudaError_t launch_tiles(const GemmParams& p, cudaStream_t stream) {
   using S = Sm90StreamShape<Pair, kTokenTiles>;
+  // One token tile runs M <= 8 only (launch_pair_stream): one block of tokens either way.
+  static_assert(S::kRows == 64 && (kTokenTiles == 1 || S::kTokens == 16),
+                "gemm_sm90_stream_grid_x counts blocks of 64 weight rows and 16 token rows");
   CUtensorMap map_w, map_x;
   if (!sm90_k_major_map(&map_w, stream_map_type<typename Pair::TB>(), Pair::kBBytes, p.b, p.n, p.k, p.b_row_stride,
                         p.batch, p.b_batch_stride, S::kRows) ||
@@ -34,8 +37,8 @@ cudaError_t launch_tiles(const GemmParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> smem_set{0};
   ASTRAI_CUDA_TRY(allow_smem(kernel, S::kSmemBytes, smem_set));
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(ceil_div(p.n, S::kRows) * p.split_k), unsigned(ceil_div(p.m, S::kTokens)),
-                       unsigned(p.batch));
+  // gemm_plan_unfit keeps x within 2^31 - 1 (gemm_sm90_stream_grid_x).
+  config.gridDim = dim3(unsigned(gemm_sm90_stream_grid_x(p.m, p.n, p.split_k)), 1u, unsigned(p.batch));
   config.blockDim = dim3(S::kThreads);
   config.dynamicSmemBytes = S::kSmemBytes;
   config.stream = stream;

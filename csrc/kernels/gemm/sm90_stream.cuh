@@ -105,7 +105,10 @@ __device__ __forceinline__ void sm90_stream_step(typename Pair::Acc (&acc)[4], c
 
 __device__ __forceinline__ uint4 lds16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
-// Grid: x = blocks of kRows weight rows x split_k (the cluster), y = blocks of kTokens token rows, z = batch.
+// Grid: x = (weight block x token blocks + token block) x split_k + K slice (a cluster: a block's slices), z = batch.
+// A weight block's token blocks are neighbours in x, so they run together and its bytes come from DRAM about once;
+// with the token blocks in y (a grid row apart, the order until the forty-first session) a weight of more than L2 was
+// read once a token block: 1.05-1.57x slower at M 17-128 (geomean over seven (N, K), H100; docs/benchmarks.md).
 // Maps are 3-D (k, rows, batch) with 128-byte boxes of K; a broadcast operand's map has one batch.
 template <class Pair, int kTokenTiles>
 __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
@@ -123,7 +126,8 @@ __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
 
   const int split = p.split_k;
   const int rank = split > 1 ? int(cluster_ctarank()) : 0;
-  const int n0 = int(blockIdx.x) / split * S::kRows, m0 = int(blockIdx.y) * S::kTokens, bz = int(blockIdx.z);
+  const int token_blocks = (p.m + S::kTokens - 1) / S::kTokens, block = int(blockIdx.x) / split;
+  const int n0 = block / token_blocks * S::kRows, m0 = block % token_blocks * S::kTokens, bz = int(blockIdx.z);
   const int k_tiles = int((int64_t(p.k) * Pair::kBBytes + 127) / 128);
   const int kt0 = min(k_tiles, rank * p.k_tiles_per_split), kt1 = min(k_tiles, kt0 + p.k_tiles_per_split);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
