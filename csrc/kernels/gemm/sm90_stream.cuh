@@ -108,7 +108,7 @@ __device__ __forceinline__ uint4 lds16(const uint8_t* p) { return *reinterpret_c
 // Grid: x = (weight block x token blocks + token block) x split_k + K slice (a cluster: a block's slices), z = batch.
 // A weight block's token blocks are neighbours in x, so they run together and its bytes come from DRAM about once;
 // with the token blocks in y (a grid row apart, the order until the forty-first session) a weight of more than L2 was
-// read once a token block: 1.05-1.57x slower at M 17-128 (geomean over seven (N, K), H100; docs/benchmarks.md).
+// read once a token block: w16a16 1.05-1.57x slower at M 17-128 (geomean over seven (N, K), H100; docs/benchmarks.md).
 // Maps are 3-D (k, rows, batch) with 128-byte boxes of K; a broadcast operand's map has one batch.
 template <class Pair, int kTokenTiles>
 __global__ void __launch_bounds__(Sm90StreamShape<Pair, kTokenTiles>::kThreads)
