@@ -328,15 +328,13 @@ def test_sm90_small_plan(case):
 # (docs/results/2026-12-06_h100_gemm_sweep_train*_s37.json), where the H200's had recipe 9.
 SM90_W8A16_TABLE = {
     (17, 3072, 1024): (2, 4),     # the weight stream, split 4 (H100: 9.47 us, recipe 9 at split 4 10.05)
-    # The forty-first session's re-tune (H100 sweeps): (2, 4) is 1.07x its best timed plan (9, 4), the price of the
-    # holdouts' 2.46% -> 1.48%; (7, 2) at M = 256 its best (was (8, 4), 1.016x).
-    (32, 4096, 7168): (2, 4),
+    (32, 4096, 7168): (9, 4),
     (64, 1280, 5120): (9, 8),
     (128, 1024, 1024): (2, 4),    # the weight stream (H100: 9.02 us, recipe 9 at split 4 9.60)
     (128, 3072, 1024): (9, 2),
     (192, 1024, 4096): (9, 4),
     (256, 2048, 2048): (9, 2),
-    (256, 4096, 4096): (7, 2),
+    (256, 4096, 4096): (8, 4),
     (4096, 4096, 14336): (8, 1),
     (4096, 6144, 4096): (8, 1),
     # The last wave split (fortieth session, H100 A/B in docs/benchmarks.md): 272 tiles of 256 x 128 are two whole
