@@ -162,7 +162,7 @@ SM90_PLAN_TABLE = {
     (4096, 4096, 4096, "w16a16"): (5, 1),   # 512 units of 128 x 256: 4 a SM
     (4096, 4096, 4096, "fp8"): (4, 1),      # fp8's wide tile is recipe 10 (128 x 192): 704 tiles, priced higher
     (4096, 7168, 16384, "w8a8"): (10, 0),   # 1216 tiles of 128 x 192: 9 whole waves, the last 28 tiles split
-    (256, 2112, 7168, "w8a8"): (10, 0),     # 22 tiles of 128 x 192, each in 6 K slices
+    (256, 2112, 7168, "w8a8"): (4, 0),      # 34 tiles of 128 x 128, each in 3 K slices
     (1024, 24576, 1536, "w16a16"): (5, 1),
     (1024, 2112, 7168, "w16a16"): (4, 0),   # 136 tiles: 132 whole, the last 4 in 14 K slices (split 1: 2 waves)
     (4096, 2112, 7168, "fp8"): (10, 1),     # 352 tiles of 128 x 192 (2.7 waves) beat 544 of recipe 4 split or not
@@ -658,12 +658,13 @@ def test_sm90_few_tiles_above_the_mid_band_may_take_the_weight_stream(pair):
     assert ops.builtin_plan(300, 960, 960, pair, 132)[0] not in (4, 5, 6, 7, 8, 9, 10, 11)  # no sm_90a code: portable
 
 
-@pytest.mark.parametrize("pair,m,n,k", [("w16a16", 160, 3072, 1024), ("fp8", 150, 3328, 1664)])
+@pytest.mark.parametrize("pair,m,n,k", [("w16a16", 100, 4096, 1536), ("fp8", 100, 1536, 2047)])
 def test_sm90_mid_band_halves_short_k(pair, m, n, k):
     """16 < M <= 256: recipes 4 / 5 may halve a K of 1024-2047 (halves of >= SM90_SMALL_SPLIT2_MIN_K), which the
     H200 sweeps timed 1.2-1.5x faster than one pass where a call fills under half the SMs; never a quarter of it, nor
     a half below the floor. w8a8's re-tuned model (H100 sweeps, where one pass was 1.1-1.3x faster at K = 1024 and
-    M 128-256) keeps one pass there."""
+    M 128-256) keeps one pass there; so, since the forty-second session's re-tune, do w16a16's and fp8's at M 150-256
+    (H100 train_small: w16a16 M = 160, N = 3072, K = 1024 took 13.5 us in one pass, 14.6 us halved)."""
     assert ops.builtin_plan(m, n, k, pair, 132, sm90=True) == (4, 2)
     assert ops.builtin_plan(m, n, 768, pair, 132, sm90=True)[1] == 1
     assert ops.builtin_plan(210, 2688, 1344, "w8a8", 132, sm90=True) == (4, 1)
@@ -709,3 +710,20 @@ def test_w8a16_tail_split_mirrors_the_launcher():
     with pytest.raises(ValueError, match=r"split_k must be an int >= 1, got 0 \(0, the last wave split along K, is "
                                          r"for recipes 4, 5 and 7-11\)"):
         quant_gemm(a, b, b_scale=torch.ones(64), plan=(2, 0), path="torch")
+
+
+@pytest.mark.parametrize("pair", ["w16a16", "w8a8", "fp8"])
+def test_sm90_split_stream_priced_at_the_cluster_fit(pair, monkeypatch):
+    """A split weight stream (recipe 6, its K slices one cluster) is priced at SM90_STREAM_CLUSTER_FIT_CTAS a SM, an
+    unsplit one at SM90_STREAM_FIT_CTAS: at M = 56, N = 1536, K = 6144 (H100 train_mid: split 4's 384 CTAs took
+    28.6 us, recipe 4 split 4 19.3 us) the chain leaves split 4; priced at the unsplit fit it would take it."""
+    def plan(fit):
+        monkeypatch.setattr(ops, "SM90_STREAM_CLUSTER_FIT_CTAS", fit)
+        ops._sm90_small_plan.cache_clear()
+        return ops.builtin_plan(56, 1536, 6144, pair, 132, sm90=True)
+
+    try:
+        assert plan(ops.SM90_STREAM_FIT_CTAS) == (6, 4)
+        assert plan(2) != (6, 4)
+    finally:
+        ops._sm90_small_plan.cache_clear()
