@@ -290,7 +290,7 @@ SM90_STREAM_MIN_K_TILES = 8
 SM90_FEW_TILES = 0.5
 # (A re-tune for its choices with SM90_N192_MODEL in the forty-second session, on H100 sweeps with train_mid, lowered
 # the holdouts' regret at M > 256 (holdout15 2.45% -> 2.33% every M) but moved the gated w8a8 M = 1024, N = K = 4096
-# from recipe 5 to 4, 7% slower in the gated suite's warm-L2 replays (18% faster in the sweep, weights out of L2), and
+# from recipe 5 to 4, 7% slower in the gated suite (int32 out, back-to-back replays; 18% faster in the sweep: bf16 out, one launch), and
 # w16a16 M = 300, N = K = 4096 to a plan the autotuner timed 9% behind: not kept; docs/benchmarks.md.)
 SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161, 0.56, 3.015, 1.618),
               "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
