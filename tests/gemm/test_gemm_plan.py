@@ -162,7 +162,7 @@ SM90_PLAN_TABLE = {
     (4096, 4096, 4096, "w16a16"): (5, 1),   # 512 units of 128 x 256: 4 a SM
     (4096, 4096, 4096, "fp8"): (4, 1),      # fp8's wide tile is recipe 10 (128 x 192): 704 tiles, priced higher
     (4096, 7168, 16384, "w8a8"): (10, 0),   # 1216 tiles of 128 x 192: 9 whole waves, the last 28 tiles split
-    (256, 2112, 7168, "w8a8"): (10, 0),     # 22 tiles of 128 x 192, each in 6 K slices
+    (256, 2112, 7168, "w8a8"): (4, 0),      # 34 tiles of 128 x 128, each in 3 K slices
     (1024, 24576, 1536, "w16a16"): (5, 1),
     (1024, 2112, 7168, "w16a16"): (4, 0),   # 136 tiles: 132 whole, the last 4 in 14 K slices (split 1: 2 waves)
     (4096, 2112, 7168, "fp8"): (10, 1),     # 352 tiles of 128 x 192 (2.7 waves) beat 544 of recipe 4 split or not

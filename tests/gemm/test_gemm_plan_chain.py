@@ -37,6 +37,27 @@ def call(pair="w16a16", layout="nt", m=1, n=4096, k=4096, batch=None, bi=False):
     return gp.Call(pair, layout, batch, m, n, k, bi)
 
 
+def test_a_four_byte_output_is_planned_apart_at_large_m():
+    """w8a8 with int32 out (`torch._int_mm`'s raw accumulators; fp32 alike) is priced by SM90_WIDE_OUT_MODEL at
+    M > SM90_MID_MAX_M: at M = 1024 / 4096, N = K = 4096 the H100 timed recipe 5 fastest with int32 out and recipe 4 /
+    10 with bf16 (docs/benchmarks.md, forty-third session). Below that band, and for a pair with no such row, the
+    output's width changes nothing; tuned plans of the two widths are cached apart."""
+    for m, narrow, wide in ((1024, (4, 1), (5, 1)), (4096, (10, 0), (5, 1))):
+        assert gp.probe(m, 4096, 4096, dtypes=(I8, I8), facts=H200).plan == narrow
+        for out in (torch.int32, torch.float32):
+            assert gp.probe(m, 4096, 4096, dtypes=(I8, I8), facts=H200, out_dtype=out).plan == wide
+        assert ops.builtin_plan(m, 4096, 4096, "w8a8", 132, sm90=True, wide_out=True) == wide
+    assert "w16a16" not in ops.SM90_WIDE_OUT_MODEL
+    assert (gp.probe(1024, 4096, 4096, facts=H200, out_dtype=torch.float32).plan
+            == gp.probe(1024, 4096, 4096, facts=H200).plan)
+    assert (gp.probe(200, 4096, 4096, dtypes=(I8, I8), facts=H200, out_dtype=torch.int32).plan
+            == gp.probe(200, 4096, 4096, dtypes=(I8, I8), facts=H200).plan)
+    assert gp._key_text(call("w8a8", m=1024)) == "w8a8.nt.b-.m1024.n4096.k4096"  # as before outputs were told apart
+    assert gp._key_text(gp.Call("w8a8", "nt", None, 1024, 4096, 4096, wide_out=True)).endswith(".k4096.o4")
+    with pytest.raises(ValueError, match="probe: out_dtype must be a torch.dtype"):
+        gp.probe(1024, 4096, 4096, facts=H200, out_dtype="int32")
+
+
 # ---- rows ----------------------------------------------------------------------------------------------
 
 def test_rows_parse_every_field_form():

@@ -111,3 +111,23 @@ def test_evaluate_judges_the_chain_as_installed():
     assert lines[0] == "all: 2 shapes, chain regret 93.65% (worst 3.00x, 2 over 10%)"
     assert "w16a16: 1 shapes, chain regret 25.00% (worst 1.25x, 1 over 10%)" in lines
     assert lines[-1] == "plans the sweep did not time (counted 3.0x): 1"
+
+
+def test_an_int32_record_is_judged_as_a_four_byte_output():
+    """A sweep record with "out": "int32" (`sweep --out-dtype int32`) is the call with a 4-byte output: evaluate
+    judges the plan the chain makes for that (SM90_WIDE_OUT_MODEL at M > 256), not the 16-bit one."""
+    wide = gp.decide(gp.Call("w8a8", "nt", None, 1024, 4096, 4096, wide_out=True), H200).plan
+    narrow = gp.decide(gp.Call("w8a8", "nt", None, 1024, 4096, 4096), H200).plan
+    assert wide != narrow  # the premise: the two outputs are planned apart here
+    r = record("w8a8", 1024, 4096, 4096, {wide: 27.0, narrow: 30.0}, chain=wide)
+    assert tune._chain_plan(r, H200) == narrow  # no "out": a bf16 record
+    r["out"] = "int32"
+    assert tune._chain_plan(r, H200) == wide
+    assert tune.evaluate(sweep([r]))[0] == "all: 1 shapes, chain regret 0.00% (worst 1.00x, 0 over 10%)"
+
+
+def test_sweep_refuses_int32_out_beyond_w8a8():
+    with pytest.raises(ValueError, match="out_dtype int32 is w8a8's alone"):
+        tune.sweep([(64, 64, 64)], ["w16a16"], None, out_dtype="int32")
+    with pytest.raises(ValueError, match="out_dtype must be one of"):
+        tune.sweep([(64, 64, 64)], ["w8a8"], None, out_dtype="fp16")

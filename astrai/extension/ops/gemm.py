@@ -288,12 +288,12 @@ SM90_STREAM_MIN_K_TILES = 8
 # changed only the three M = 300, N = K = 960 cells of holdout4 (1.48-1.90x of the best -> the best); the fifth holdout,
 # swept after the rule was set, judges it (docs/benchmarks.md).
 SM90_FEW_TILES = 0.5
-# (A re-tune for its choices with SM90_N192_MODEL in the forty-second session, on H100 sweeps with train_mid, lowered
-# the holdouts' regret at M > 256 (holdout15 2.45% -> 2.33% every M) but moved the gated w8a8 M = 1024, N = K = 4096
-# from recipe 5 to 4, 7% slower in the gated suite (int32 out, back-to-back replays; 18% faster in the sweep: bf16 out, one launch), and
-# w16a16 M = 300, N = K = 4096 to a plan the autotuner timed 9% behind: not kept; docs/benchmarks.md.)
-SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161, 0.56, 3.015, 1.618),
-              "w8a8": (0.378, 5.088, 0.706, 7.757, 1.278)}
+# Re-tuned for its choices (with SM90_N192_MODEL, `retune`'s coordinate search) in the forty-second session on H100
+# sweeps of train, train_small and train_mid at M > 256 (holdouts 12-14 at M > 256: w16a16 4.10% -> 2.25%, w8a8 4.18%
+# -> 2.06%, fp8 2.31% -> 1.56% geomean regret); installed in the forty-third, once the gated w8a8 M = 1024, N = K = 4096
+# cell it had slowed turned out to be an int32-output cell (SM90_WIDE_OUT_MODEL below prices those apart).
+SM90_MODEL = {"w16a16": (0.394, 4.102, 0.668, 2.74, 4.178), "fp8": (0.39, 2.55, 0.56, 3.226, 2.265),
+              "w8a8": (0.284, 5.088, 0.755, 7.757, 1.789)}
 # The 128 x 192 tile (recipe 10) as a third option of SM90_MODEL for the pairs whose wide tile is recipe 5: pair ->
 # (stage_10, unit_10) in SM90_MODEL's form and units (same split cost). It fills the last wave where 256-column tiles
 # leave it short (N = 2112: 8.25 tiles of 256, 11 of 192), and w8a8's s32 tile of 128 x 256 is slower than it on most
@@ -304,7 +304,16 @@ SM90_MODEL = {"w16a16": (0.368, 3.476, 0.668, 5.481, 2.089), "fp8": (0.39, 2.161
 # 1.53x -> 1.14x), w8a8 10.21% -> 1.45% (1.45x -> 1.12x). Timed again in one process both as the bench does and as
 # the sweep does (docs/benchmarks.md): w8a8 recipe 10 at 0.67-0.87x recipe 5's time on 10 of 14 cells, 1.03x at
 # M = N = K = 4096 (where this model takes it).
-SM90_N192_MODEL: dict = {"w16a16": (0.538, 3.372), "w8a8": (0.503, 3.866)}
+SM90_N192_MODEL: dict = {"w16a16": (0.538, 3.372), "w8a8": (0.428, 4.137)}  # w8a8's: the re-tune above
+# A 4-byte output (int32 from w8a8 without scales, as `torch._int_mm` returns; fp32) at M > SM90_MID_MAX_M: pair ->
+# SM90_MODEL's and SM90_N192_MODEL's rows priced for it; a pair not listed prices it as a 16-bit output. Forty-third
+# session: the gated w8a8 cells at M >= 1024 write int32, and there the plans order otherwise (M = 1024, N = K = 4096:
+# recipe 5 27.1 us, 4 29.3 with int32 out; 4 27.9, 5 29.0 with bf16; H100, the same process). Fitted (`retune`'s
+# coordinate search from the 16-bit rows) on H100 sweeps of w8a8 with int32 out (`gemm_tune sweep --out-dtype int32`:
+# train, train_mid at M > 256): holdouts 14 and 15 (int32, not fitted) 4.34% -> 0.28% and 3.02% -> 0.44% geomean
+# regret at M > 256, worst 1.19x -> 1.03x and 1.05x.
+SM90_WIDE_OUT_MODEL: dict = {"w8a8": (0.284, 6.004, 0.528, 5.43, 2.505)}
+SM90_WIDE_OUT_N192_MODEL: dict = {"w8a8": (0.428, 4.137)}
 # Recipe 10 in SM90_MID_MODEL's band (SM90_MIN_M < M <= SM90_MID_MAX_M) for the same pairs: pair -> (stage, unit,
 # fixed) in that model's form, a fourth option beside its recipes 4, 5 and 6. A pair not listed never takes it there.
 # Thirty-ninth session: least squares on recipe 10's timed plans (every split) over H100 sweeps of train_small and
@@ -444,7 +453,8 @@ def tail_split(m: int, n: int, k: int, pair: str, recipe: int, num_sms: int, bat
 
 
 def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
-                 batch_invariant: bool = False, layout: str = "nt", sm90: bool = False) -> tuple[int, int]:
+                 batch_invariant: bool = False, layout: str = "nt", sm90: bool = False,
+                 wide_out: bool = False) -> tuple[int, int]:
     """The built-in plan `(recipe, split_k)` for an `[M, K] x [K, N]` problem of `pair` on `num_sms` SMs.
 
     Rules (constants are module data):
@@ -475,7 +485,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     and fp8 at `M <= 8` and `17 <= M <= 32` (`SM90_STREAM_BANDS`) take the Hopper weight stream (recipe 6, split by the
     `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` or `N * K >= 20e6`
     (`SM90_STREAM_W8A16_*`, split by the same rule); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
-    of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them); with
+    of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them; at
+    `M > SM90_MID_MAX_M` with `wide_out`, a 4-byte output, priced by `SM90_WIDE_OUT_MODEL` where the pair has a row); with
     `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
     "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8, 9 or 11 (the `SM90_W8A16_MODEL`), or up
     to M = 256 the weight stream where `SM90_SMALL_PORTABLE_MODEL` prices it lower.
@@ -511,7 +522,7 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
                 few = _sm90_small_plan(m, n, k, pair, num_sms)
                 if few[0] == SM90_STREAM_RECIPE:
                     return few
-            return _sm90_plan(m, n, k, pair, num_sms)
+            return _sm90_plan(m, n, k, pair, num_sms, wide_out=wide_out)
         if m > SM90_SMALL_M:
             return _sm90_small_plan(m, n, k, pair, num_sms)
     if batch_invariant:
@@ -661,14 +672,19 @@ def _sm90_w8a16_plan(m: int, n: int, k: int, num_sms: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int, tail: bool = True) -> tuple[int, int]:
+def _sm90_plan(m: int, n: int, k: int, pair: str, num_sms: int, tail: bool = True,
+               wide_out: bool = False) -> tuple[int, int]:
     """The Hopper mainloop's (recipe, split): recipe 4 and the pair's wide tile (SM90_WIDE_RECIPE: 5, fp8 10) by
     SM90_MODEL[pair], and recipe 10 by SM90_N192_MODEL where the pair has it, with the last wave split (TAIL_SPLIT)
-    where the model prices it lower (`tail=False`: never)."""
-    stage_4, unit_4, stage_w, unit_w, split_cost = SM90_MODEL[pair]
+    where the model prices it lower (`tail=False`: never). `wide_out`: a 4-byte output, priced by
+    SM90_WIDE_OUT_MODEL[pair] where the pair has a row there."""
+    wide = wide_out and pair in SM90_WIDE_OUT_MODEL
+    model = SM90_WIDE_OUT_MODEL[pair] if wide else SM90_MODEL[pair]
+    n192 = SM90_WIDE_OUT_N192_MODEL.get(pair) if wide else SM90_N192_MODEL.get(pair)
+    stage_4, unit_4, stage_w, unit_w, split_cost = model
     recipes = ((4, stage_4, unit_4), (SM90_WIDE_RECIPE[pair], stage_w, unit_w))
-    if pair in SM90_N192_MODEL:
-        recipes += ((SM90_N192_RECIPE, *SM90_N192_MODEL[pair]),)
+    if n192 is not None:
+        recipes += ((SM90_N192_RECIPE, *n192),)
     return _least_cost_plan(m, n, k, pair, num_sms, recipes, split_cost, tail=tail)
 
 
@@ -747,10 +763,11 @@ def num_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: bool) -> tuple[int, int]:
-    """The plan chain's decision for these operands (`gemm_plan.decide`; no autotuning); `(0, 1)` (always
-    launchable) when the call cannot be planned (non-CUDA tensors, unsupported pair or ranks): the op then raises
-    its own error.
+def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: bool,
+             out_dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """The plan chain's decision for these operands and output dtype (`gemm_plan.decide`; no autotuning); `(0, 1)`
+    (always launchable) when the call cannot be planned (non-CUDA tensors, unsupported pair or ranks): the op then
+    raises its own error.
 
     A swapped layout (`runs_swapped`) is planned as the kernel sees it, `[N, K] x [K, M]`; with
     `batch_invariant` its split still comes from (N, K) alone."""
@@ -758,18 +775,19 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: boo
     if not a.is_cuda or pair is None or a.dim() not in (2, 3) or b.dim() not in (2, 3):
         return 0, 1
     shape = problem(layout, a.shape, b.shape)
-    call = gemm_plan.Call(pair, LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant))
+    call = gemm_plan.Call(pair, LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant),
+                          out_dtype.itemsize == 4)
     return gemm_plan.decide(call, gemm_plan.facts(a.device)).plan
 
 
 def plan_problem(layout: int, shape: Problem, pair: str, num_sms: int, batch_invariant: bool, *,
-                 sm90: bool = False) -> tuple[int, int]:
+                 sm90: bool = False, wide_out: bool = False) -> tuple[int, int]:
     """`plan_for`'s rule on sizes: `builtin_plan` of the problem as the kernel sees it (M and N exchanged for a
     swapped layout). A swapped layout's grid under one wave (a small M: few columns of tiles) splits K to fill
     one; its batch-invariant split still follows the output's (N, K) alone."""
     if not runs_swapped(pair, layout):
         return builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=batch_invariant,
-                            layout=LAYOUT_NAMES.get(layout, "nt"), sm90=sm90)
+                            layout=LAYOUT_NAMES.get(layout, "nt"), sm90=sm90, wide_out=wide_out)
     recipe, split = builtin_plan(shape.n, shape.m, shape.k_a, pair, num_sms, layout="nn")  # the kernel it runs
     if batch_invariant:
         split = builtin_plan(shape.m, shape.n, shape.k_a, pair, num_sms, batch_invariant=True)[1]

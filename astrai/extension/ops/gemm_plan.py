@@ -392,6 +392,7 @@ class Call(NamedTuple):
     n: int
     k: int
     batch_invariant: bool = False
+    wide_out: bool = False  # a 4-byte output (int32, fp32): at large M the model prices its plans apart
 
 
 def image_reason(call: Call, plan: tuple[int, int], device: Facts) -> str | None:
@@ -650,7 +651,7 @@ def _model(call: Call, device: Facts) -> tuple[int, int]:
     gemm = _gemm()
     shape = gemm.Problem(call.batch, call.m, call.n, call.k, call.k)
     return gemm.plan_problem(gemm.LAYOUTS[call.layout], shape, call.pair, device.num_sms, call.batch_invariant,
-                             sm90=device.sm90_code and _state.tma)
+                             sm90=device.sm90_code and _state.tma, wide_out=call.wide_out)
 
 
 def _row_plan(rows: list[Row], call: Call, arch: str) -> Row | None:
@@ -714,7 +715,7 @@ def _log(call: Call, decision: Decision) -> None:
     by = decision.planner + (f" ({decision.row})" if decision.row else "")
     batch = f"B={call.batch} " if call.batch is not None else ""
     print(f"[gemm-plan] {call.pair} {call.layout} {batch}M={call.m} N={call.n} K={call.k}"
-          f"{' batch-invariant' if call.batch_invariant else ''} -> recipe {decision.plan[0]} split "
+          f"{' batch-invariant' if call.batch_invariant else ''}{' out 4-byte' if call.wide_out else ''} -> recipe {decision.plan[0]} split "
           f"{decision.plan[1]} by {by}" + (f" ({passed})" if passed else ""), file=sys.stderr)
 
 
@@ -736,10 +737,10 @@ def decide(call: Call, device: Facts) -> Decision:
 
 def probe(m: int, n: int, k: int, *, dtypes=(torch.bfloat16, torch.bfloat16), layout: str = "nt",
           batch: int | None = None, batch_invariant: bool = False, device=None,
-          facts: Facts | None = None) -> Decision:
+          facts: Facts | None = None, out_dtype: torch.dtype = torch.bfloat16) -> Decision:
     """The decision the chain makes for a call of these sizes (the caller's M, N, K, as `quant_gemm` reads them
-    from the operands), and who made it. `facts` plans for another device (tier 0 tests, a table for a GPU not
-    in hand); default the current CUDA device.
+    from the operands) and output dtype, and who made it. `facts` plans for another device (tier 0 tests, a table
+    for a GPU not in hand); default the current CUDA device.
 
     Example
     -------
@@ -754,8 +755,10 @@ def probe(m: int, n: int, k: int, *, dtypes=(torch.bfloat16, torch.bfloat16), la
     for name, value in (("m", m), ("n", n), ("k", k)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"probe: {name} must be an int >= 0, got {value!r}")
+    if not isinstance(out_dtype, torch.dtype):
+        raise ValueError(f"probe: out_dtype must be a torch.dtype, got {out_dtype!r}")
     device_facts = facts if facts is not None else _facts_of(device)
-    return decide(Call(pair, layout, batch, m, n, k, bool(batch_invariant)), device_facts)
+    return decide(Call(pair, layout, batch, m, n, k, bool(batch_invariant), out_dtype.itemsize == 4), device_facts)
 
 
 def state() -> dict:
@@ -797,7 +800,8 @@ def _roots(cache_dir) -> tuple[Path, ...]:
 
 def _key_text(call: Call) -> str:
     batch = "-" if call.batch is None else str(call.batch)
-    return f"{call.pair}.{call.layout}.b{batch}.m{call.m}.n{call.n}.k{call.k}"
+    wide = ".o4" if call.wide_out else ""  # a 16-bit output's key is the one written before outputs were told apart
+    return f"{call.pair}.{call.layout}.b{batch}.m{call.m}.n{call.n}.k{call.k}{wide}"
 
 
 def _writable(path: Path) -> bool:
@@ -806,7 +810,8 @@ def _writable(path: Path) -> bool:
 
 class PlanCache:
     """Tuned plans on disk: `roots` searched in order; an entry is one JSON file
-    `<root>/<signature id>/<pair>.<layout>.b<batch>.m<M>.n<N>.k<K>.json`, written to the first writable root by
+    `<root>/<signature id>/<pair>.<layout>.b<batch>.m<M>.n<N>.k<K>[.o4].json` (`.o4`: a 4-byte output, tuned apart),
+    written to the first writable root by
     atomic rename after fsync (so a reader sees a whole entry or none, and processes writing the same entry leave
     one of theirs). A file that does not parse or describes another device or call is reported and skipped."""
 
@@ -1109,7 +1114,8 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
     """The plan `ops.gemm.quant_gemm` launches for a call with plan=None: the chain's decision, tuned first where
     autotuning is on, `may_tune` is True and the call is not captured into a CUDA graph. Eager only: compiled code
     calls it when it runs, with may_tune=False (`ops.gemm.quant_gemm_planned`)."""
-    key = (a.dtype, b.dtype, layout, a.shape, b.shape, batch_invariant, a.device)
+    out_dtype = out.dtype if out is not None else out_dtype
+    key = (a.dtype, b.dtype, layout, a.shape, b.shape, batch_invariant, a.device, out_dtype)
     plan = _final_plans.get(key)
     if plan is not None:
         return plan
@@ -1119,7 +1125,8 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
         return 0, 1  # the op raises its own error
     shape = gemm.problem(layout, a.shape, b.shape)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    call = Call(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant))
+    call = Call(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant),
+                out_dtype.itemsize == 4)
     device = facts(index)
     decision = decide(call, device)
     if not _state.tuning.enabled or decision.planner not in ("model", "degraded"):
@@ -1133,7 +1140,7 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
         if _state.tuning.tuned >= _state.tuning.max_shapes:
             _final_plans[key] = decision.plan
         return decision.plan
-    scratch = torch.empty(shape.out_shape, dtype=out.dtype if out is not None else out_dtype, device=a.device)
+    scratch = torch.empty(shape.out_shape, dtype=out_dtype, device=a.device)
 
     def run(plan: tuple[int, int]) -> None:
         torch.ops.astrai.quant_gemm_out(a, b, a_scale, b_scale, bias, layout, plan[0], plan[1], scratch)
