@@ -34,10 +34,11 @@
 #            the chain's plans against every plan on the step's M = 1 GEMM shapes, the attention call at each KV split,
 #            an L2 pre-warm experiment; $OUT/decode_step.json; not gated; explicit only; PROBE_PARTS="prewarm ..."
 #            picks parts and their order, the JSON rewritten after each)
-#            plan-sweeps (python -m astrai.extension.gemm_tune sweep over SWEEP_GRIDS, default "holdout15 holdout14
-#            train train_small train_mid": every recipe of the GEMM plan chain timed twice on this GPU, $OUT/sweep_<grid>.json,
-#            each written when its grid ends; the input of `gemm_tune evaluate / fit`; 14-15 s a 30-shape holdout on
-#            an H100 (2026-12-06; six grids 141 s), a training grid three times its cells: explicit only)
+#            plan-sweeps (python -m astrai.extension.gemm_tune sweep over SWEEP_GRIDS, default "holdout16 holdout15
+#            train train_small train_mid": every recipe of the GEMM plan chain timed twice on this GPU,
+#            $OUT/sweep_<grid>.json, each written when its grid ends; then w8a8 with int32 out over SWEEP_INT32_GRIDS, default "holdout16 train
+#            train_mid", $OUT/sweep_i32_<grid>.json; the input of `gemm_tune evaluate / fit`; 14-25 s a 31-shape holdout on
+#            an H100 (2026-12-06; six grids 141 s; int32 ~6 s a holdout), a training grid three times its cells: explicit only)
 #            sass-digest (a CPU gate, `nox -s sass-digest`; here it needs the same cuobjdump/nvdisasm release;
 #            skips with the reason when the image's toolkit or arches differ from the recorded digest's)
 # Time: BUDGET_S (default 560) for the whole call; a tier that would start past it is skipped, and each tier
@@ -189,8 +190,11 @@ for tier in "${tiers[@]}"; do
     plan-sweeps)
       # The plan chain's sweeps, not gated (docs/benchmarks.md "GEMM plan chain"): one JSON a grid, judged offline by
       # `python -m astrai.extension.gemm_tune evaluate <json>`; a grid that fails leaves the others' JSON.
-      run_tier plan-sweeps bash -c "rc=0; for g in ${SWEEP_GRIDS:-holdout15 holdout14 train train_small train_mid}; do
-          $PY -m astrai.extension.gemm_tune sweep --grid \$g --out '$OUT'/sweep_\$g.json || rc=1; done; exit \$rc"
+      # Then w8a8 with int32 out (the 4-byte-output model's data) over SWEEP_INT32_GRIDS.
+      run_tier plan-sweeps bash -c "rc=0; for g in ${SWEEP_GRIDS:-holdout16 holdout15 train train_small train_mid}; do
+          $PY -m astrai.extension.gemm_tune sweep --grid \$g --out '$OUT'/sweep_\$g.json || rc=1; done
+        for g in ${SWEEP_INT32_GRIDS:-holdout16 train train_mid}; do $PY -m astrai.extension.gemm_tune sweep --grid \$g \
+          --pairs w8a8 --out-dtype int32 --out '$OUT'/sweep_i32_\$g.json || rc=1; done; exit \$rc"
       detail[plan-sweeps]=$(cd "$OUT" && ls sweep_*.json 2>/dev/null | tr '\n' ' ' | sed 's/ $//')
       [ -n "${detail[plan-sweeps]}" ] || detail[plan-sweeps]="no sweep JSON" ;;
     golden)

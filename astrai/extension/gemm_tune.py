@@ -180,7 +180,7 @@ HOLDOUT15 = ((1, 6400, 3200), (4, 2176, 8704), (9, 9472, 2368), (15, 3840, 7680)
              (2700, 3456, 3456), (3900, 8704, 2176), (5600, 1792, 8960), (8100, 4032, 2016), (11500, 2624, 4608),
              (16000, 1344, 12096))
 # Set in the forty-third session before it was timed, after the large-M re-tune and SM90_WIDE_OUT_MODEL were fitted:
-# their judge (bf16 every pair, int32 w8a8). M from 2 to 16384, 16 of 31 above 256; none of the (N, K) of a training grid.
+# their judge (bf16 every pair, int32 w8a8). M from 2 to 16384, 16 of 31 above 256; no (N, K) of a training grid.
 HOLDOUT16 = ((2, 4864, 3648), (7, 2944, 6272), (13, 10496, 2624), (19, 3328, 4416), (29, 1600, 8000),
              (39, 7424, 1856), (47, 2752, 5504), (61, 4480, 3584), (76, 1216, 9728), (92, 6656, 2240),
              (110, 3904, 3904), (140, 9088, 1472), (175, 2048, 6528), (210, 5632, 2816), (250, 1344, 7040),

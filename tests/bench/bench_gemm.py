@@ -268,7 +268,7 @@ def measure(pair: str, m: int, n: int, k: int, *, replays: int = 20) -> dict:
     kernel_us = statistics.median(times)
     return {
         "pair": pair, "m": m, "n": n, "k": k, "anchor": anchor_name(pair, m), "out_dtype": str(out_dtype(pair, m)),
-        "plan": list(gemm_plan.probe(m, n, k, dtypes=DTYPES_OF[pair]).plan),  # what the op runs (the chain's)
+        "plan": list(gemm_plan.probe(m, n, k, dtypes=DTYPES_OF[pair], out_dtype=out_dtype(pair, m)).plan),  # the op's
         "kernel_us": kernel_us, "kernel_us_min": min(times), "kernel_us_max": max(times), "anchor_us": anchor_us,
         "dequant_us": dequant_us, "copy_us": copy_us, "weight_bytes": wbytes, "flops": flops(m, n, k),
         "kernel_tflops": flops(m, n, k) / kernel_us / 1e6, "anchor_tflops": flops(m, n, k) / anchor_us / 1e6,

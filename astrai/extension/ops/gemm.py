@@ -486,7 +486,8 @@ def builtin_plan(m: int, n: int, k: int, pair: str, num_sms: int, *,
     `SM90_STREAM_*` rule), and so does w8a16 at `M <= 8` with `N >= 7168` or `N * K >= 20e6`
     (`SM90_STREAM_W8A16_*`, split by the same rule); every pair but w8a16 at `M > SM90_MIN_M` takes the Hopper mainloop, the (recipe, split)
     of least estimated time (the `SM90_*` model; split `TAIL_SPLIT`, the last wave split, among them; at
-    `M > SM90_MID_MAX_M` with `wide_out`, a 4-byte output, priced by `SM90_WIDE_OUT_MODEL` where the pair has a row); with
+    `M > SM90_MID_MAX_M` with `wide_out`, a 4-byte output, priced by `SM90_WIDE_OUT_MODEL` where the pair has a
+    row); with
     `batch_invariant` it takes recipe 4 at every M, split from (N, K) as above. w8a16 in layout
     "nt" at `M > SMALL_M` (not batch-invariant) takes Hopper w8a16, recipe 7, 8, 9 or 11 (the `SM90_W8A16_MODEL`), or up
     to M = 256 the weight stream where `SM90_SMALL_PORTABLE_MODEL` prices it lower.

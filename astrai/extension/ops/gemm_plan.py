@@ -715,7 +715,8 @@ def _log(call: Call, decision: Decision) -> None:
     by = decision.planner + (f" ({decision.row})" if decision.row else "")
     batch = f"B={call.batch} " if call.batch is not None else ""
     print(f"[gemm-plan] {call.pair} {call.layout} {batch}M={call.m} N={call.n} K={call.k}"
-          f"{' batch-invariant' if call.batch_invariant else ''}{' out 4-byte' if call.wide_out else ''} -> recipe {decision.plan[0]} split "
+          f"{' batch-invariant' if call.batch_invariant else ''}{' out 4-byte' if call.wide_out else ''}"
+          f" -> recipe {decision.plan[0]} split "
           f"{decision.plan[1]} by {by}" + (f" ({passed})" if passed else ""), file=sys.stderr)
 
 
