@@ -17,7 +17,9 @@ search over every constant of the three models (fp8's recipe 10 came from it). W
 (stage, unit, fixed) in SM90_W8A16_MODEL the same way (least squares on R's timed plans, every split, then the search
 over every constant of the model at every M it decides; recipe 11 came from it). With --n192 PAIR it fits
 `SM90_N192_MODEL[PAIR]` (recipe 10 beside 4 and 5 at M > 256) by least squares on recipe 10's unsplit timed plans, then
-the search over it and SM90_MODEL[PAIR].
+the search over it and SM90_MODEL[PAIR]. With --wide-out PAIR (train and holdout: int32 sweeps) it fits
+`SM90_WIDE_OUT_MODEL[PAIR]` and `SM90_WIDE_OUT_N192_MODEL[PAIR]` (a 4-byte output at M > 256) by the search alone,
+from PAIR's 16-bit rows (w8a8's came from it in the forty-third session).
 
     PYTHONPATH=. python tests/bench/retune_plan_models.py \\
         --train docs/results/2026-12-04_h200_gemm_sweep_train.json docs/results/2026-12-04_h200_gemm_sweep_train_small.json \\
@@ -216,6 +218,10 @@ def main(argv=None) -> int:
     parser.add_argument("--mid-n192", metavar="PAIR",
                         help="fit SM90_MID_N192_MODEL[PAIR] (recipe 10 at 64 < M <= 256) from a least-squares seed, then "
                              "search it")
+    parser.add_argument("--wide-out", metavar="PAIR",
+                        help="fit SM90_WIDE_OUT_MODEL[PAIR] and SM90_WIDE_OUT_N192_MODEL[PAIR] (a 4-byte output at "
+                             "M > 256) on int32 sweeps (`gemm_tune sweep --out-dtype int32`), searching from the "
+                             "16-bit rows (SM90_MODEL, SM90_N192_MODEL), twice over both")
     parser.add_argument("--w8a16-recipe", type=int, metavar="R",
                         help="fit recipe R's constants in SM90_W8A16_MODEL (least-squares seed, then the search over "
                              "the whole model at every M it decides)")
@@ -243,6 +249,11 @@ def main(argv=None) -> int:
         gemm.SM90_MID_N192_MODEL[args.mid_n192] = seed_mid_n192(train, args.mid_n192)
         print(f"SM90_MID_N192_MODEL[{args.mid_n192!r}] seed {gemm.SM90_MID_N192_MODEL[args.mid_n192]}")
         targets = [("SM90_MID_N192_MODEL", args.mid_n192, (gemm.SM90_MIN_M + 1, gemm.SM90_MID_MAX_M))]
+    if args.wide_out:
+        pair, band = args.wide_out, (gemm.SM90_MID_MAX_M + 1, 1 << 30)
+        gemm.SM90_WIDE_OUT_MODEL[pair] = tuple(gemm.SM90_MODEL[pair])
+        gemm.SM90_WIDE_OUT_N192_MODEL[pair] = tuple(gemm.SM90_N192_MODEL[pair])
+        targets = [("SM90_WIDE_OUT_MODEL", pair, band), ("SM90_WIDE_OUT_N192_MODEL", pair, band)] * 2
     if args.w8a16_recipe is not None:
         slot = 3 * gemm.SM90_W8A16_RECIPES.index(args.w8a16_recipe)
         values = _get("SM90_W8A16_MODEL", "w8a16")
@@ -266,7 +277,8 @@ def main(argv=None) -> int:
             before = summary(ratios(train, pair, band)), summary(ratios(holdout, pair, band))
             print(f"  without recipe 2: train {before[0]}, holdout {before[1]}")
             continue
-        if args.wide or args.w8a16_recipe is not None or args.n192 or args.mid_n192:  # kept: the seed is not the installed model to judge against
+        if args.wide or args.w8a16_recipe is not None or args.n192 or args.mid_n192 or args.wide_out:
+            # kept: the seed is not the installed model to judge against
             continue
         _put(name, pair, original)  # each target judged alone, against the constants as installed
     return 0
