@@ -664,3 +664,19 @@ def test_pdl_switch_reaches_the_library_and_the_env_seed_is_read_once(monkeypatc
     monkeypatch.delenv("ASTRAI_GEMM_PDL")
     gp.reset()
     assert torch.ops.astrai.quant_gemm_set_pdl(True) is True
+
+
+def test_a_four_byte_output_is_cached_apart(tmp_path):
+    """A tuned plan of a 4-byte output lives in its own entry (`.o4`): a 16-bit call of the same shape misses it,
+    and the other way round."""
+    narrow = gp.Call("w8a8", "nt", None, 1024, 4096, 4096)
+    wide = narrow._replace(wide_out=True)
+    cache = gp.PlanCache([tmp_path])
+    cache.store(H200, wide, gp.make_entry(H200, wide, (5, 1), {(5, 1): 27.0, (4, 1): 29.0}))
+    assert cache.lookup(H200, narrow) is None
+    assert cache.lookup(H200, wide)["plan"] == [5, 1]
+    cache.store(H200, narrow, gp.make_entry(H200, narrow, (4, 1), {(5, 1): 29.0, (4, 1): 28.0}))
+    assert cache.lookup(H200, narrow)["plan"] == [4, 1] and cache.lookup(H200, wide)["plan"] == [5, 1]
+    assert sorted(f.name for f in tmp_path.rglob("*.json")) == ["w8a8.nt.b-.m1024.n4096.k4096.json",
+                                                                "w8a8.nt.b-.m1024.n4096.k4096.o4.json"]
+    assert not cache.problems
