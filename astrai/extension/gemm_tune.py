@@ -255,7 +255,7 @@ def sweep(grid, pairs, out: Path, *, rounds: int = gp.TUNE_ROUNDS, log=print, ou
               "records": records}
     for pair in pairs:
         for m, n, k in grid:
-            call = gp.Call(pair, "nt", None, m, n, k, wide_out=OUT_DTYPES[out_dtype].itemsize == 4)
+            call = gp.Call(pair, "nt", None, m, n, k, wide_out=gp.is_wide_out(OUT_DTYPES[out_dtype]))
             chain = gp.decide(call, device).plan
             a, b, sa, sb = _operands(pair, m, n, k, torch.device("cuda"), scales=not raw)
             scratch = torch.empty(m, n, device="cuda", dtype=OUT_DTYPES[out_dtype])
@@ -320,7 +320,7 @@ def _range_text(band) -> str:
 def _call(record: dict) -> gp.Call:
     """A sweep record's call; its output is bf16 unless the record says otherwise (`sweep(out_dtype=...)`)."""
     return gp.Call(record["pair"], record["layout"], None, record["m"], record["n"], record["k"],
-                   wide_out=OUT_DTYPES[record.get("out", "bf16")].itemsize == 4)
+                   wide_out=gp.is_wide_out(OUT_DTYPES[record.get("out", "bf16")]))
 
 
 def _chain_plan(record: dict, device: gp.Facts) -> tuple:

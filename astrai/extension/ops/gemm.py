@@ -778,7 +778,7 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, layout: int, batch_invariant: boo
         return 0, 1
     shape = problem(layout, a.shape, b.shape)
     call = gemm_plan.Call(pair, LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant),
-                          out_dtype.itemsize == 4)
+                          gemm_plan.is_wide_out(out_dtype))
     return gemm_plan.decide(call, gemm_plan.facts(a.device)).plan
 
 

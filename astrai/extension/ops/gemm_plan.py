@@ -395,6 +395,11 @@ class Call(NamedTuple):
     wide_out: bool = False  # a 4-byte output (int32, fp32): at large M the model prices its plans apart
 
 
+def is_wide_out(out_dtype: torch.dtype) -> bool:
+    """`Call.wide_out` for an output dtype: whether the planners price it as a 4-byte output."""
+    return out_dtype.itemsize == 4
+
+
 def image_reason(call: Call, plan: tuple[int, int], device: Facts) -> str | None:
     """Why this image's op would refuse `plan` for `call` on `device`, or None: the op's own rules
     (`torch.ops.astrai.quant_gemm_can_implement`, the C++ `gemm_unsupported_on` and `gemm_plan_unfit` that the op
@@ -759,7 +764,7 @@ def probe(m: int, n: int, k: int, *, dtypes=(torch.bfloat16, torch.bfloat16), la
     if not isinstance(out_dtype, torch.dtype):
         raise ValueError(f"probe: out_dtype must be a torch.dtype, got {out_dtype!r}")
     device_facts = facts if facts is not None else _facts_of(device)
-    return decide(Call(pair, layout, batch, m, n, k, bool(batch_invariant), out_dtype.itemsize == 4), device_facts)
+    return decide(Call(pair, layout, batch, m, n, k, bool(batch_invariant), is_wide_out(out_dtype)), device_facts)
 
 
 def state() -> dict:
@@ -812,9 +817,8 @@ def _writable(path: Path) -> bool:
 class PlanCache:
     """Tuned plans on disk: `roots` searched in order; an entry is one JSON file
     `<root>/<signature id>/<pair>.<layout>.b<batch>.m<M>.n<N>.k<K>[.o4].json` (`.o4`: a 4-byte output, tuned apart),
-    written to the first writable root by
-    atomic rename after fsync (so a reader sees a whole entry or none, and processes writing the same entry leave
-    one of theirs). A file that does not parse or describes another device or call is reported and skipped."""
+    written to the first writable root by atomic rename after fsync (so a reader sees a whole entry or none, and
+    processes writing the same entry leave one of theirs). A file that does not parse or describes another device or call is reported and skipped."""
 
     def __init__(self, roots) -> None:
         self.roots = tuple(Path(r) for r in roots)
@@ -1127,7 +1131,7 @@ def plan_call(a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, bias, out_dtyp
     shape = gemm.problem(layout, a.shape, b.shape)
     index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     call = Call(pair, gemm.LAYOUT_NAMES[layout], shape.batch, shape.m, shape.n, shape.k_a, bool(batch_invariant),
-                out_dtype.itemsize == 4)
+                is_wide_out(out_dtype))
     device = facts(index)
     decision = decide(call, device)
     if not _state.tuning.enabled or decision.planner not in ("model", "degraded"):
