@@ -818,7 +818,8 @@ class PlanCache:
     """Tuned plans on disk: `roots` searched in order; an entry is one JSON file
     `<root>/<signature id>/<pair>.<layout>.b<batch>.m<M>.n<N>.k<K>[.o4].json` (`.o4`: a 4-byte output, tuned apart),
     written to the first writable root by atomic rename after fsync (so a reader sees a whole entry or none, and
-    processes writing the same entry leave one of theirs). A file that does not parse or describes another device or call is reported and skipped."""
+    processes writing the same entry leave one of theirs). A file that does not parse or describes another device or
+    call is reported and skipped."""
 
     def __init__(self, roots) -> None:
         self.roots = tuple(Path(r) for r in roots)
